@@ -1,0 +1,59 @@
+"""statekeeper: training state that survives. Faithful, safe and fast checkpoints for PyTorch."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
+from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
+from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load, read
+from statekeeper.checkpoint.save import save
+from statekeeper.errors import (
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    KeyMismatchError,
+    LoadStateError,
+    StatekeeperError,
+    StepExistsError,
+    StepNotFoundError,
+    StorageError,
+    UnsupportedFormatError,
+    UnsupportedValueError,
+    WriterConflictError,
+)
+from statekeeper.stateful import Stateful, Value
+from statekeeper.storage.base import Storage, Transaction
+from statekeeper.storage.local import LocalStorage
+from statekeeper.storage.memory import InjectedFailure, MemoryStorage
+
+__all__ = [
+    "CheckpointInfo",
+    "CorruptCheckpointError",
+    "InjectedFailure",
+    "InvalidArgumentError",
+    "KeyMismatchError",
+    "LoadStateError",
+    "LocalStorage",
+    "MemoryStorage",
+    "RestoreInfo",
+    "StatekeeperError",
+    "StatekeeperWarning",
+    "Stateful",
+    "StepExistsError",
+    "StepNotFoundError",
+    "Storage",
+    "StorageError",
+    "Strict",
+    "Transaction",
+    "UnsupportedFormatError",
+    "UnsupportedValueError",
+    "Value",
+    "WriterConflictError",
+    "__version__",
+    "list_checkpoints",
+    "list_partial",
+    "load",
+    "read",
+    "remove_partial",
+    "save",
+]

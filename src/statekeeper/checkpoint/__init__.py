@@ -1,0 +1,1 @@
+"""save, load, read, listing: the checkpoint pipeline over a Storage."""

@@ -1,0 +1,64 @@
+"""What save, load and listing report back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from statekeeper.format.manifest import Manifest
+from statekeeper.format.values import decode_value
+
+__all__ = ["CheckpointInfo", "RestoreInfo"]
+
+
+def _no_ref(tag: str, name: str) -> Any:
+    raise ValueError(f"metrics cannot reference tensor {name!r}")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed step: where it is, how big, when it was made, its metrics.
+
+    ``error`` is set (and the other fields may be empty) when its manifest cannot be read.
+    """
+
+    step: int
+    path: str
+    bytes: int
+    created: datetime | None
+    metrics: dict[str, float | int] = field(default_factory=dict)
+    files: int = 0
+    error: str | None = None
+
+    @classmethod
+    def from_manifest(cls, path: str, manifest: Manifest, manifest_bytes: int) -> CheckpointInfo:
+        created: datetime | None
+        try:
+            created = datetime.fromisoformat(manifest.created)
+        except ValueError:
+            created = None
+        metrics = {k: decode_value(v, k, _no_ref) for k, v in manifest.metrics.items()}
+        return cls(
+            step=manifest.step,
+            path=path,
+            bytes=manifest_bytes + sum(f.size for f in manifest.files.values()),
+            created=created,
+            metrics=metrics,
+            files=len(manifest.files) + 1,
+        )
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    """What ``load`` restored: the step, where from, and plain values it could not set in place.
+
+    ``values`` holds the loaded value of every entry whose live object is immutable (an int,
+    a str, a tuple...): assign it back yourself, or wrap the entry in ``statekeeper.Value``.
+    ``replaced`` names live tensors that overlapped themselves (``expand``) and were replaced.
+    """
+
+    step: int
+    path: str
+    values: dict[str, Any] = field(default_factory=dict)
+    replaced: tuple[str, ...] = ()

@@ -1,0 +1,165 @@
+"""``load`` and ``read``: verified, all-or-nothing restore into live objects."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, MutableMapping
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from statekeeper.checkpoint.info import RestoreInfo
+from statekeeper.checkpoint.location import PathOrStorage, locate
+from statekeeper.checkpoint.reader import Progress, read_step
+from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
+from statekeeper.stateful import is_stateful
+
+__all__ = ["StatekeeperWarning", "Strict", "load", "read"]
+
+
+class StatekeeperWarning(UserWarning):
+    """Something was repaired or is worth knowing, but nothing was lost."""
+
+
+class Strict(StrEnum):
+    """Which key mismatches ``load`` tolerates. Shape and dtype mismatches are always errors.
+
+    - ``EXACT``: every key of the live state and of the checkpoint must match (default).
+    - ``ALLOW_MISSING``: live keys absent from the checkpoint keep their current values.
+    - ``ALLOW_UNEXPECTED``: checkpoint keys with no live counterpart are ignored.
+    - ``PARTIAL``: both of the above.
+    """
+
+    EXACT = "exact"
+    ALLOW_MISSING = "allow_missing"
+    ALLOW_UNEXPECTED = "allow_unexpected"
+    PARTIAL = "partial"
+
+    @property
+    def missing_ok(self) -> bool:
+        return self in (Strict.ALLOW_MISSING, Strict.PARTIAL)
+
+    @property
+    def unexpected_ok(self) -> bool:
+        return self in (Strict.ALLOW_UNEXPECTED, Strict.PARTIAL)
+
+
+def _check_tensor(where: str, saved: Any, live: Any, problems: list[str]) -> None:
+    if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
+        if saved.shape != live.shape:
+            problems.append(f"{where}: shape {tuple(saved.shape)} in checkpoint, {tuple(live.shape)} live")
+        elif saved.dtype != live.dtype:
+            problems.append(f"{where}: dtype {saved.dtype} in checkpoint, {live.dtype} live")
+    elif isinstance(live, torch.Tensor) != isinstance(saved, torch.Tensor):
+        problems.append(f"{where}: {type(saved).__name__} in checkpoint, {type(live).__name__} live")
+
+
+def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> list[str]:
+    problems: list[str] = []
+    if not strict.missing_ok:
+        problems += [f"{n}: missing from the checkpoint" for n in state if n not in saved]
+    if not strict.unexpected_ok:
+        problems += [f"{n}: in the checkpoint but not in the live state" for n in saved if n not in state]
+    for name, obj in state.items():
+        if name not in saved:
+            continue
+        if isinstance(obj, torch.nn.Module):
+            live_sd = obj.state_dict()
+            saved_sd = saved[name]
+            if not isinstance(saved_sd, Mapping):
+                problems.append(f"{name}: checkpoint holds a {type(saved_sd).__name__}, not a state_dict")
+                continue
+            if not strict.missing_ok:
+                problems += [f"{name}/{k}: missing from the checkpoint" for k in live_sd if k not in saved_sd]
+            if not strict.unexpected_ok:
+                problems += [f"{name}/{k}: unexpected (not in the live module)" for k in saved_sd if k not in live_sd]
+            for k in live_sd.keys() & saved_sd.keys():
+                _check_tensor(f"{name}/{k}", saved_sd[k], live_sd[k], problems)
+        elif isinstance(obj, torch.Tensor):
+            _check_tensor(name, saved[name], obj, problems)
+    return problems
+
+
+def _replace_overlapping(name: str, module: torch.nn.Module, keys: set[str]) -> list[str]:
+    """Give self-overlapping live tensors their own memory so they can be loaded into."""
+    replaced = []
+    tensors = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    for key, t in tensors:
+        if key in keys and t is not None and torch._debug_has_internal_overlap(t) == 1:
+            with torch.no_grad():
+                t.data = t.detach().clone(memory_format=torch.contiguous_format)
+            replaced.append(f"{name}/{key}")
+    return replaced
+
+
+def _apply(name: str, obj: Any, value: Any, strict: Strict, values: dict[str, Any]) -> list[str]:
+    replaced: list[str] = []
+    try:
+        if isinstance(obj, torch.nn.Module):
+            replaced = _replace_overlapping(name, obj, set(value))
+            obj.load_state_dict(value, strict=strict is Strict.EXACT)
+        elif is_stateful(obj):
+            obj.load_state_dict(value)
+        elif isinstance(obj, torch.Tensor):
+            with torch.no_grad():
+                obj.copy_(value)
+        elif isinstance(obj, MutableMapping) and isinstance(value, Mapping):
+            obj.clear()
+            obj.update(value)
+        elif isinstance(obj, list) and isinstance(value, list):
+            obj[:] = value
+        else:
+            values[name] = value
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+        raise LoadStateError(
+            f"loading state entry {name!r} into its {type(obj).__name__} failed: {exc}. "
+            "Entries before it were already loaded; rebuild the live objects before retrying."
+        ) from exc
+    return replaced
+
+
+def load(
+    directory: PathOrStorage,
+    state: Mapping[str, Any],
+    *,
+    step: int | None = None,
+    strict: Strict = Strict.EXACT,
+    progress: Progress | None = None,
+) -> RestoreInfo:
+    """Load a committed step (the newest unless ``step`` is given) into the live ``state``.
+
+    Every file is read and verified, and every key, shape and dtype is checked, before the
+    first ``load_state_dict`` is called: a damaged checkpoint or a mismatch leaves the live
+    objects untouched. RNG-free: this loads exactly the entries of ``state``.
+    """
+    if not isinstance(strict, Strict):
+        raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {strict!r}")
+    if not isinstance(state, Mapping):
+        raise InvalidArgumentError(f"state must be a mapping of names to objects, got {type(state).__name__}")
+    verified = read_step(locate(directory, step), progress)
+    problems = _check(verified.state, state, strict)
+    if problems:
+        raise KeyMismatchError(problems)
+    values: dict[str, Any] = {}
+    replaced: list[str] = []
+    for name, obj in state.items():
+        if name in verified.state:
+            replaced += _apply(name, obj, verified.state[name], strict, values)
+    if replaced:
+        warnings.warn(
+            f"statekeeper: {len(replaced)} live tensor(s) overlapped themselves in memory (built "
+            f"with expand/meshgrid) and were given their own memory to load into: {', '.join(replaced)}",
+            StatekeeperWarning,
+            stacklevel=2,
+        )
+    return RestoreInfo(verified.manifest.step, verified.location.path(), values, tuple(replaced))
+
+
+def read(directory: PathOrStorage, *, step: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """The plain nested state of a checkpoint (tensors on CPU), no live objects needed.
+
+    ``directory`` is a run directory (the newest step, or ``step``) or a step directory.
+    Tensors that shared memory when saved share it again.
+    """
+    return read_step(locate(directory, step), progress).state

@@ -1,0 +1,82 @@
+"""Turning what users pass (a path or a Storage) into a storage and a committed step."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry, step_entry
+from statekeeper.errors import InvalidArgumentError, StepNotFoundError
+from statekeeper.format.manifest import MANIFEST
+from statekeeper.storage.base import Storage
+from statekeeper.storage.local import LocalStorage
+
+__all__ = ["Location", "committed", "locate", "resolve_storage", "validate_step"]
+
+PathOrStorage = str | os.PathLike[str] | Storage
+
+
+def resolve_storage(directory: PathOrStorage) -> Storage:
+    """A Storage for ``directory`` (a path becomes a :class:`LocalStorage`)."""
+    if isinstance(directory, str | os.PathLike):
+        return LocalStorage(directory)
+    if isinstance(directory, Storage):
+        return directory
+    raise InvalidArgumentError(
+        f"expected a directory path or a statekeeper Storage, got {type(directory).__name__}"
+    )
+
+
+def validate_step(step: object) -> int:
+    if type(step) is not int or step < 0:
+        raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
+    return step
+
+
+def committed(storage: Storage) -> list[ParsedEntry]:
+    """Committed steps in ascending order."""
+    parsed = (parse_entry(e) for e in storage.entries())
+    return sorted((p for p in parsed if p is not None and p.kind is EntryKind.COMMITTED),
+                  key=lambda p: p.step)
+
+
+class Location:
+    """One committed step in a storage."""
+
+    def __init__(self, storage: Storage, entry: str, step: int) -> None:
+        self.storage = storage
+        self.entry = entry
+        self.step = step
+
+    def path(self, name: str = "") -> str:
+        return self.storage.describe(self.entry, name)
+
+
+def locate(directory: PathOrStorage, step: int | None) -> Location:
+    """The committed step ``step`` (newest when None) of a run directory.
+
+    A local path that is itself a step directory (it holds ``manifest.json``) is accepted too.
+    """
+    if isinstance(directory, str | os.PathLike) and (Path(directory) / MANIFEST).is_file():
+        path = Path(directory).resolve()
+        parsed = parse_entry(path.name)
+        if step is not None and (parsed is None or parsed.step != step):
+            raise InvalidArgumentError(f"{path} is a single step; do not pass step={step}")
+        return Location(LocalStorage(path.parent), path.name, parsed.step if parsed else -1)
+    storage = resolve_storage(directory)
+    steps = committed(storage)
+    if step is None:
+        if not steps:
+            raise StepNotFoundError(
+                f"{storage.describe()} holds no committed checkpoint; save one first "
+                "(directories ending in .partial-* are interrupted saves and are never read)"
+            )
+        return Location(storage, steps[-1].name, steps[-1].step)
+    validate_step(step)
+    for p in steps:
+        if p.step == step:
+            return Location(storage, p.name, step)
+    known = ", ".join(str(p.step) for p in steps[-10:]) or "none"
+    raise StepNotFoundError(
+        f"{storage.describe(step_entry(step))} does not exist; committed steps: {known}"
+    )

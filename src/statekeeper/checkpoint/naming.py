@@ -1,0 +1,38 @@
+"""Entry names in a run directory: ``step_000001200`` (committed), ``.partial-<id>`` (not)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["EntryKind", "ParsedEntry", "parse_entry", "step_entry"]
+
+_PATTERN = re.compile(r"step_(\d+)(?:\.(partial|replaced)-([0-9a-f]+))?")
+
+
+class EntryKind(StrEnum):
+    COMMITTED = "committed"
+    PARTIAL = "partial"
+    REPLACED = "replaced"
+
+
+@dataclass(frozen=True)
+class ParsedEntry:
+    name: str
+    step: int
+    kind: EntryKind
+
+
+def step_entry(step: int) -> str:
+    """``1200`` -> ``"step_000001200"`` (zero-padded to 9 digits, more when needed)."""
+    return f"step_{step:09d}"
+
+
+def parse_entry(name: str) -> ParsedEntry | None:
+    """What an entry name means, or None for names statekeeper does not own."""
+    match = _PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    kind = EntryKind(match.group(2)) if match.group(2) else EntryKind.COMMITTED
+    return ParsedEntry(name, int(match.group(1)), kind)

@@ -1,0 +1,1 @@
+"""The statekeeper command line."""

@@ -1,0 +1,121 @@
+"""Every error statekeeper raises.
+
+The tree::
+
+    StatekeeperError
+    ├── CorruptCheckpointError (ValueError)     a file is missing, truncated, or fails its checksum
+    ├── UnsupportedFormatError (ValueError)     the manifest's format or version is not one we read
+    ├── KeyMismatchError (KeyError)             live state and checkpoint disagree (keys, shapes, dtypes)
+    ├── UnsupportedValueError (TypeError)       a value that cannot be stored without pickle
+    ├── StepNotFoundError (FileNotFoundError)   no such committed step (or no step at all)
+    ├── StepExistsError (FileExistsError)       the step is already committed
+    ├── WriterConflictError (BlockingIOError)   another live writer holds the run directory
+    ├── InvalidArgumentError (ValueError)       an argument is out of range or of the wrong kind
+    ├── LoadStateError (RuntimeError)           an object's own load_state_dict() rejected its state
+    └── StorageError (OSError)                  the storage backend failed an operation
+
+Each subclass also derives from the builtin that fits, so ``except FileNotFoundError`` keeps
+working in code that does not know statekeeper. Messages name the key, file or step and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "CorruptCheckpointError",
+    "InvalidArgumentError",
+    "KeyMismatchError",
+    "LoadStateError",
+    "StatekeeperError",
+    "StepExistsError",
+    "StepNotFoundError",
+    "StorageError",
+    "UnsupportedFormatError",
+    "UnsupportedValueError",
+    "WriterConflictError",
+]
+
+
+class StatekeeperError(Exception):
+    """Root of every error statekeeper raises."""
+
+
+class CorruptCheckpointError(StatekeeperError, ValueError):
+    """A checkpoint file is missing, truncated, malformed or fails its checksum."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"{path}: {problem}. The checkpoint is damaged; load an older step "
+            "(statekeeper ls shows them) or restore the file from a copy."
+        )
+
+
+class UnsupportedFormatError(StatekeeperError, ValueError):
+    """The manifest declares a format or version this release cannot read."""
+
+    def __init__(self, path: str, found: object, supported: Sequence[object]) -> None:
+        self.path = path
+        self.found = found
+        self.supported = tuple(supported)
+        super().__init__(
+            f"{path}: format version {found!r} is not supported (this release reads "
+            f"{', '.join(map(repr, self.supported))}); upgrade statekeeper to read it."
+        )
+
+
+class KeyMismatchError(StatekeeperError, KeyError):
+    """Live state and checkpoint disagree; ``problems`` lists every mismatch."""
+
+    def __init__(self, problems: Sequence[str], hint: str = "") -> None:
+        self.problems = tuple(problems)
+        lines = "\n  ".join(self.problems)
+        fix = hint or (
+            "Build the live objects the way the checkpoint was saved, or pass "
+            "strict=Strict.ALLOW_MISSING / ALLOW_UNEXPECTED / PARTIAL to opt out of key checks."
+        )
+        self.message = f"{len(self.problems)} mismatch(es) between checkpoint and live state:\n  {lines}\n{fix}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class UnsupportedValueError(StatekeeperError, TypeError):
+    """A value in the state cannot be stored without pickle."""
+
+    def __init__(self, key_path: str, value: object) -> None:
+        self.key_path = key_path
+        self.value_type = type(value)
+        super().__init__(
+            f"state at {key_path or '<root>'} holds a {type(value).__module__}."
+            f"{type(value).__qualname__}, which statekeeper cannot store without pickle. "
+            "Convert it to tensors, numbers, strings, bytes, lists, tuples or dicts in the "
+            "object's state_dict()."
+        )
+
+
+class StepNotFoundError(StatekeeperError, FileNotFoundError):
+    """The requested committed step does not exist."""
+
+
+class StepExistsError(StatekeeperError, FileExistsError):
+    """A committed step with that number already exists."""
+
+
+class WriterConflictError(StatekeeperError, BlockingIOError):
+    """Another live writer holds the run directory."""
+
+
+class StorageError(StatekeeperError, OSError):
+    """The storage backend failed an operation."""
+
+
+class InvalidArgumentError(StatekeeperError, ValueError):
+    """An argument is out of range or of the wrong kind."""
+
+
+class LoadStateError(StatekeeperError, RuntimeError):
+    """An object's own ``load_state_dict`` rejected the state statekeeper handed it."""

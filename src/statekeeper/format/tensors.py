@@ -1,0 +1,67 @@
+"""Tensor shards: deterministic assignment to files and safetensors encoding.
+
+Shards are standard safetensors files named ``tensors-NNNNN.safetensors``. Tensors are
+assigned in traversal order; tensors that rarely change (frozen parameters) come first,
+in shards of their own, so their files keep the same name and bytes from step to step. A
+shard is closed when adding the next tensor would pass ``shard_bytes`` (a single larger
+tensor gets a shard to itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import safetensors.torch
+import torch
+
+__all__ = ["Shard", "decode_shard", "dtype_name", "encode_shard", "plan_shards"]
+
+DEFAULT_SHARD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file's name and the tensor names it holds, in order."""
+
+    file: str
+    names: tuple[str, ...]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def plan_shards(stored: dict[str, torch.Tensor], frozen: Iterable[str], shard_bytes: int) -> list[Shard]:
+    """Assign stored tensors to shard files, deterministically."""
+    frozen_set = set(frozen)
+    groups = ([n for n in stored if n in frozen_set], [n for n in stored if n not in frozen_set])
+    shards: list[Shard] = []
+    for names in groups:
+        current: list[str] = []
+        size = 0
+        for name in names:
+            nbytes = stored[name].numel() * stored[name].element_size()
+            if current and size + nbytes > shard_bytes:
+                shards.append(Shard(f"tensors-{len(shards):05d}.safetensors", tuple(current)))
+                current, size = [], 0
+            current.append(name)
+            size += nbytes
+        if current:
+            shards.append(Shard(f"tensors-{len(shards):05d}.safetensors", tuple(current)))
+    return shards
+
+
+def encode_shard(tensors: dict[str, torch.Tensor]) -> bytes:
+    """The safetensors bytes of ``tensors`` (moved to CPU and made contiguous)."""
+    prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    return bytes(safetensors.torch.save(prepared))
+
+
+def decode_shard(data: bytes) -> dict[str, torch.Tensor]:
+    """Parse safetensors bytes into CPU tensors; raises ``ValueError`` when malformed."""
+    try:
+        return dict(safetensors.torch.load(data))
+    except Exception as exc:  # safetensors raises its own SafetensorError and others
+        raise ValueError(f"not a valid safetensors file ({exc})") from exc

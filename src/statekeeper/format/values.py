@@ -1,0 +1,187 @@
+"""Tagged JSON: every non-tensor leaf of a state tree, stored without pickle.
+
+Plain JSON carries what it can say exactly: ``None``, ``bool``, ``int`` (any size), finite
+``float``, ``str``, ``list`` and ``dict`` whose keys are all strings not starting with ``$``.
+Everything else becomes a one-tag object whose first key starts with ``$``:
+
+====================  ==========================================================
+``{"$float": s}``      ``"inf"``, ``"-inf"`` or ``"nan"``
+``{"$bytes": s}``      base64 of ``bytes`` (``bytearray`` is stored as bytes)
+``{"$tuple": [..]}``   a tuple (a list stays a JSON array)
+``{"$dict": [[k, v]]}`` a dict with non-string keys or keys starting with ``$``
+``{"$odict": [[k, v]], "meta": m}``  an ``OrderedDict``; ``meta`` is the ``_metadata``
+                       attribute that ``nn.Module.state_dict()`` attaches (or ``null``)
+``{"$dtype": s}``      a ``torch.dtype`` by name, e.g. ``"bfloat16"``
+``{"$size": [..]}``    a ``torch.Size``
+``{"$device": s}``     a ``torch.device``
+``{"$numpy": s, "value": v}``  a numpy scalar of dtype ``s``
+``{"$complex": [re, im]}``     a Python ``complex``
+``{"$tensor": name}``  a tensor stored in a safetensors shard (see ``state.tree``)
+``{"$ndarray": name}`` a numpy array stored as a tensor
+====================  ==========================================================
+
+Any other type raises :class:`UnsupportedValueError` naming the key path. Decoding never
+constructs anything but these types, so a manifest cannot run code.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.errors import UnsupportedValueError
+
+__all__ = ["Json", "decode_value", "encode_value", "join_path"]
+
+Json = Any  # a JSON-compatible value; recursive aliases add nothing for mypy here
+
+TensorHook = Callable[[str, Any], Json]
+RefHook = Callable[[str, str], Any]
+
+_TAGS = frozenset(
+    {"$float", "$bytes", "$tuple", "$dict", "$odict", "$dtype", "$size", "$device", "$numpy",
+     "$complex", "$tensor", "$ndarray"}
+)
+
+
+def join_path(path: str, key: object) -> str:
+    """The key path of a child, as used in error messages and tensor names."""
+    return f"{path}/{key}" if path else str(key)
+
+
+def _dtype_by_name(name: str, path: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{path}: unknown torch dtype {name!r}")
+    return dtype
+
+
+def encode_value(value: object, path: str, on_tensor: TensorHook) -> Json:
+    """Encode ``value`` as tagged JSON; tensors and arrays are handed to ``on_tensor``."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        item = value.item()
+        return {"$numpy": value.dtype.name, "value": encode_value(item, path, on_tensor)}
+    if isinstance(value, int):
+        return int(value)  # int subclasses such as IntEnum lose their class, never their value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(float(value))}
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return on_tensor(path, value)
+    if isinstance(value, torch.Size):
+        return {"$size": list(value)}
+    if isinstance(value, tuple) and type(value) is tuple:
+        return {"$tuple": [encode_value(v, join_path(path, i), on_tensor) for i, v in enumerate(value)]}
+    if type(value) is list:
+        return [encode_value(v, join_path(path, i), on_tensor) for i, v in enumerate(value)]
+    if isinstance(value, OrderedDict):
+        meta = getattr(value, "_metadata", None)
+        return {
+            "$odict": _encode_items(value, path, on_tensor),
+            "meta": None if meta is None else encode_value(meta, join_path(path, "_metadata"), on_tensor),
+        }
+    if type(value) is dict:
+        if all(isinstance(k, str) and not k.startswith("$") for k in value):
+            return {k: encode_value(v, join_path(path, k), on_tensor) for k, v in value.items()}
+        return {"$dict": _encode_items(value, path, on_tensor)}
+    if isinstance(value, bytes | bytearray):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, torch.dtype):
+        return {"$dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"$device": str(value)}
+    if isinstance(value, complex):
+        return {"$complex": [encode_value(value.real, path, on_tensor),
+                             encode_value(value.imag, path, on_tensor)]}
+    raise UnsupportedValueError(path, value)
+
+
+def _encode_items(mapping: dict[Any, Any], path: str, on_tensor: TensorHook) -> list[Json]:
+    items = []
+    for k, v in mapping.items():
+        if isinstance(k, torch.Tensor | np.ndarray | list | dict):
+            raise UnsupportedValueError(join_path(path, "<key>"), k)
+        items.append([encode_value(k, path, on_tensor), encode_value(v, join_path(path, k), on_tensor)])
+    return items
+
+
+def decode_value(obj: Json, path: str, on_ref: RefHook) -> Any:
+    """Invert :func:`encode_value`; ``on_ref(tag, name)`` supplies tensors and arrays.
+
+    Raises ``ValueError`` (with the key path) on anything :func:`encode_value` cannot produce.
+    """
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, list):
+        return [decode_value(v, join_path(path, i), on_ref) for i, v in enumerate(obj)]
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: {type(obj).__name__} is not a JSON value")
+    tag = next(iter(obj), None)
+    if not (isinstance(tag, str) and tag.startswith("$")):
+        return {k: decode_value(v, join_path(path, k), on_ref) for k, v in obj.items()}
+    if tag not in _TAGS:
+        raise ValueError(f"{path}: unknown tag {tag!r}")
+    body = obj[tag]
+    if tag in ("$tensor", "$ndarray"):
+        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
+        return on_ref(tag, body)
+    if tag == "$float":
+        _expect(body in ("inf", "-inf", "nan") and len(obj) == 1, path, tag)
+        return float(body)
+    if tag == "$bytes":
+        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
+        return base64.b64decode(body, validate=True)
+    if tag == "$tuple":
+        _expect(isinstance(body, list) and len(obj) == 1, path, tag)
+        return tuple(decode_value(v, join_path(path, i), on_ref) for i, v in enumerate(body))
+    if tag == "$dict":
+        _expect(len(obj) == 1, path, tag)
+        return dict(_decode_items(body, path, on_ref))
+    if tag == "$odict":
+        _expect(set(obj) == {"$odict", "meta"}, path, tag)
+        result: OrderedDict[Any, Any] = OrderedDict(_decode_items(body, path, on_ref))
+        if obj["meta"] is not None:
+            result._metadata = decode_value(obj["meta"], join_path(path, "_metadata"), on_ref)  # type: ignore[attr-defined]
+        return result
+    if tag == "$dtype":
+        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
+        return _dtype_by_name(body, path)
+    if tag == "$size":
+        _expect(isinstance(body, list) and all(type(d) is int for d in body), path, tag)
+        return torch.Size(body)
+    if tag == "$device":
+        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
+        return torch.device(body)
+    if tag == "$numpy":
+        _expect(isinstance(body, str) and set(obj) == {"$numpy", "value"}, path, tag)
+        dtype = np.dtype(body)
+        _expect(dtype.kind in "biufc", path, tag)
+        return dtype.type(decode_value(obj["value"], path, on_ref))
+    # "$complex"
+    _expect(isinstance(body, list) and len(body) == 2 and len(obj) == 1, path, tag)
+    return complex(decode_value(body[0], path, on_ref), decode_value(body[1], path, on_ref))
+
+
+def _decode_items(body: Json, path: str, on_ref: RefHook) -> list[tuple[Any, Any]]:
+    _expect(isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body), path, "items")
+    items = []
+    for k_enc, v_enc in body:
+        key = decode_value(k_enc, path, on_ref)
+        try:
+            hash(key)
+        except TypeError:
+            raise ValueError(f"{path or '<root>'}: unhashable dict key {key!r}") from None
+        items.append((key, decode_value(v_enc, join_path(path, key), on_ref)))
+    return items
+
+
+def _expect(ok: bool, path: str, tag: str) -> None:
+    if not ok:
+        raise ValueError(f"{path or '<root>'}: malformed {tag} value")

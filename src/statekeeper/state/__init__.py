@@ -1,0 +1,1 @@
+"""What is captured: the state tree codec."""

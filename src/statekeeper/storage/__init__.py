@@ -1,0 +1,1 @@
+"""Bytes and names only (no torch): the Storage protocol and its backends."""

@@ -1,0 +1,81 @@
+"""The storage protocol: bytes and names only (this package never imports torch).
+
+A storage is rooted at one run directory holding *entries* (directories such as
+``step_000001200``) that hold *files*. Writers go through a :class:`Transaction`:
+
+1. ``storage.writer_lock()`` is held for as long as a writer may write (a second live
+   writer on the same run directory gets ``WriterConflictError``);
+2. ``storage.begin(entry)`` creates the in-progress entry ``<entry>.partial-<id>``;
+3. ``txn.write(name, data)`` for each file, each durable when it returns (fsync);
+4. ``txn.commit()`` makes the directory durable, renames it to ``entry`` (the commit point)
+   and makes the parent durable; ``txn.abort()`` removes the in-progress entry instead.
+
+Readers call ``entries()``, ``files(entry)``, ``read(entry, name)`` and ``size(entry, name)``.
+``remove(entry)`` deletes a whole entry (retention, clean-up).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Storage", "Transaction"]
+
+
+@runtime_checkable
+class Transaction(Protocol):
+    """One entry being written; invisible to readers until :meth:`commit`."""
+
+    @property
+    def entry(self) -> str:
+        """The in-progress entry's name (``<final>.partial-<id>``)."""
+        ...
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write one file and make it durable."""
+        ...
+
+    def commit(self) -> None:
+        """Atomically publish the entry under its final name."""
+        ...
+
+    def abort(self) -> None:
+        """Remove the in-progress entry."""
+        ...
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A run directory: entries of files, written through transactions."""
+
+    def describe(self, entry: str = "", name: str = "") -> str:
+        """A human-readable location for messages (a path or URL)."""
+        ...
+
+    def entries(self) -> list[str]:
+        """Names of all entries in the run directory (committed or not), sorted."""
+        ...
+
+    def files(self, entry: str) -> list[str]:
+        """Names of the files in ``entry``, sorted; ``FileNotFoundError`` if it is absent."""
+        ...
+
+    def read(self, entry: str, name: str) -> bytes:
+        """A file's bytes; ``FileNotFoundError`` if it is absent."""
+        ...
+
+    def size(self, entry: str, name: str) -> int:
+        """A file's size in bytes; ``FileNotFoundError`` if it is absent."""
+        ...
+
+    def begin(self, entry: str, *, replace: bool = False) -> Transaction:
+        """Start writing ``entry``; with ``replace`` the commit swaps out an existing one."""
+        ...
+
+    def remove(self, entry: str) -> None:
+        """Delete an entry and all its files (no error if it is already gone)."""
+        ...
+
+    def writer_lock(self) -> AbstractContextManager[None]:
+        """Exclusive right to write; raises ``WriterConflictError`` if a live writer holds it."""
+        ...

@@ -1,0 +1,139 @@
+"""A run directory on a local (POSIX) file system, crash-safe through fsync and rename."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from statekeeper.errors import StorageError, WriterConflictError
+
+__all__ = ["LOCK_FILE", "LocalStorage"]
+
+LOCK_FILE = ".statekeeper.lock"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _LocalTransaction:
+    def __init__(self, root: Path, final: str, replace: bool) -> None:
+        self._root = root
+        self._final = final
+        self._replace = replace
+        self._entry = f"{final}.partial-{uuid.uuid4().hex[:12]}"
+        self._path = root / self._entry
+        self._done = False
+        root.mkdir(parents=True, exist_ok=True)
+        self._path.mkdir()
+
+    @property
+    def entry(self) -> str:
+        return self._entry
+
+    def write(self, name: str, data: bytes) -> None:
+        with open(self._path / name, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def commit(self) -> None:
+        _fsync_dir(self._path)
+        final = self._root / self._final
+        old: Path | None = None
+        if self._replace and final.exists():
+            old = self._root / f"{self._final}.replaced-{uuid.uuid4().hex[:12]}"
+            os.rename(final, old)
+        try:
+            os.rename(self._path, final)
+        except OSError as exc:
+            if old is not None:
+                os.rename(old, final)
+            raise StorageError(exc.errno, f"could not commit {final}: {exc.strerror}") from exc
+        _fsync_dir(self._root)
+        self._done = True
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        if not self._done:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._done = True
+
+
+class LocalStorage:
+    """Entries are sub-directories of ``root``; see :mod:`statekeeper.storage.base`."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._lock_fd: int | None = None
+        self._lock_depth = 0
+        self._mutex = threading.Lock()
+
+    def describe(self, entry: str = "", name: str = "") -> str:
+        return str(self.root.joinpath(*(p for p in (entry, name) if p)))
+
+    def entries(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def files(self, entry: str) -> list[str]:
+        return sorted(p.name for p in (self.root / entry).iterdir() if p.is_file())
+
+    def read(self, entry: str, name: str) -> bytes:
+        return (self.root / entry / name).read_bytes()
+
+    def size(self, entry: str, name: str) -> int:
+        return (self.root / entry / name).stat().st_size
+
+    def begin(self, entry: str, *, replace: bool = False) -> _LocalTransaction:
+        return _LocalTransaction(self.root, entry, replace)
+
+    def remove(self, entry: str) -> None:
+        shutil.rmtree(self.root / entry, ignore_errors=True)
+
+    @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Reentrant for this object; exclusive against every other process and object."""
+        with self._mutex:
+            if self._lock_depth == 0:
+                self._lock_fd = self._acquire()
+            self._lock_depth += 1
+        try:
+            yield
+        finally:
+            with self._mutex:
+                self._lock_depth -= 1
+                if self._lock_depth == 0 and self._lock_fd is not None:
+                    os.close(self._lock_fd)  # closing releases the flock
+                    self._lock_fd = None
+
+    def _acquire(self) -> int:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(errors="replace").strip() or "another writer"
+            os.close(fd)
+            raise WriterConflictError(
+                f"{self.root} is being written by {holder}; only one writer may save into a run "
+                "directory at a time. Stop the other writer or save into another directory."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        return fd

@@ -1,0 +1,155 @@
+"""An in-memory run directory that models durability and can fail any operation.
+
+Every primitive (make a directory, write a file, fsync a file, fsync a directory, rename,
+remove) is one *operation*, counted in :attr:`MemoryStorage.operations`. With
+``fail_at=k`` the k-th operation (0-based) raises :class:`InjectedFailure` instead of
+running. :meth:`MemoryStorage.crash` then models a power loss: only what was made durable
+survives (file bytes need a file fsync, a directory's names need a directory fsync, and a
+rename in the run directory needs a fsync of the run directory).
+
+Used by the test suite to prove that a save interrupted at any operation leaves no
+committed step; useful to users for the same kind of test of their own code.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from statekeeper.errors import StorageError, WriterConflictError
+
+__all__ = ["InjectedFailure", "MemoryStorage"]
+
+
+class InjectedFailure(StorageError):
+    """The failure a :class:`MemoryStorage` was told to inject."""
+
+
+@dataclass
+class _Dir:
+    files: dict[str, bytes] = field(default_factory=dict)
+    durable_files: dict[str, bytes] = field(default_factory=dict)
+    durable_names: set[str] = field(default_factory=set)
+
+
+class _MemoryTransaction:
+    def __init__(self, storage: MemoryStorage, final: str, replace: bool) -> None:
+        self._storage = storage
+        self._final = final
+        self._replace = replace
+        self._entry = f"{final}.partial-{uuid.uuid4().hex[:12]}"
+        self._done = False
+        storage._op("mkdir")
+        storage._live[self._entry] = _Dir()
+
+    @property
+    def entry(self) -> str:
+        return self._entry
+
+    def write(self, name: str, data: bytes) -> None:
+        s = self._storage
+        s._op("write")
+        d = s._live[self._entry]
+        d.files[name] = bytes(data)
+        s._op("fsync")
+        d.durable_files[name] = d.files[name]
+
+    def commit(self) -> None:
+        s = self._storage
+        s._op("fsync_dir")
+        d = s._live[self._entry]
+        d.durable_names = set(d.files)
+        if self._final in s._live and not self._replace:
+            raise StorageError(f"could not commit {self._final}: it exists")
+        s._op("rename")
+        s._live[self._final] = s._live.pop(self._entry)
+        s._op("fsync_root")
+        s._durable_root = dict(s._live)
+        self._done = True
+
+    def abort(self) -> None:
+        if not self._done:
+            self._storage._live.pop(self._entry, None)
+            self._done = True
+
+
+class MemoryStorage:
+    """See the module docstring; entries live in dictionaries."""
+
+    def __init__(self, *, fail_at: int | None = None, name: str = "memory://run") -> None:
+        self.fail_at = fail_at
+        self.operations = 0
+        self._name = name
+        self._live: dict[str, _Dir] = {}
+        self._durable_root: dict[str, _Dir] = {}
+        self._locked = False
+        self._mutex = threading.Lock()
+
+    def _op(self, kind: str) -> None:
+        index = self.operations
+        self.operations += 1
+        if self.fail_at is not None and index == self.fail_at:
+            raise InjectedFailure(f"injected failure at operation {index} ({kind})")
+
+    def crash(self) -> None:
+        """Lose everything that was not durable, as a power cut would; drop the lock."""
+        self._live = {}
+        for name, d in self._durable_root.items():
+            kept = {n: d.durable_files.get(n, b"") for n in d.durable_names}
+            self._live[name] = _Dir(dict(kept), dict(kept), set(kept))
+        self._durable_root = dict(self._live)
+        self._locked = False
+        self.fail_at = None
+
+    def describe(self, entry: str = "", name: str = "") -> str:
+        return "/".join(p for p in (self._name, entry, name) if p)
+
+    def entries(self) -> list[str]:
+        return sorted(self._live)
+
+    def _dir(self, entry: str) -> _Dir:
+        try:
+            return self._live[entry]
+        except KeyError:
+            raise FileNotFoundError(self.describe(entry)) from None
+
+    def files(self, entry: str) -> list[str]:
+        return sorted(self._dir(entry).files)
+
+    def read(self, entry: str, name: str) -> bytes:
+        try:
+            return self._dir(entry).files[name]
+        except KeyError:
+            raise FileNotFoundError(self.describe(entry, name)) from None
+
+    def size(self, entry: str, name: str) -> int:
+        return len(self.read(entry, name))
+
+    def begin(self, entry: str, *, replace: bool = False) -> _MemoryTransaction:
+        return _MemoryTransaction(self, entry, replace)
+
+    def remove(self, entry: str) -> None:
+        if entry in self._live:
+            self._op("remove")
+            self._live.pop(entry)
+            self._durable_root.pop(entry, None)
+
+    def write_file(self, entry: str, name: str, data: bytes) -> None:
+        """Replace a committed file's bytes durably (for corruption tests)."""
+        d = self._dir(entry)
+        d.files[name] = d.durable_files[name] = bytes(data)
+        d.durable_names.add(name)
+
+    @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        with self._mutex:
+            if self._locked:
+                raise WriterConflictError(f"{self._name} is being written by another writer")
+            self._locked = True
+        try:
+            yield
+        finally:
+            self._locked = False

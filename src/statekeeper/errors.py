@@ -5,7 +5,7 @@ The tree::
     StatekeeperError
     ├── CorruptCheckpointError (ValueError)     a file is missing, truncated, or fails its checksum
     ├── UnsupportedFormatError (ValueError)     the manifest's format or version is not one we read
-    ├── KeyMismatchError (KeyError)             live state and checkpoint disagree (keys, shapes, dtypes)
+    ├── KeyMismatchError (KeyError)             checkpoint and live state disagree
     ├── UnsupportedValueError (TypeError)       a value that cannot be stored without pickle
     ├── StepNotFoundError (FileNotFoundError)   no such committed step (or no step at all)
     ├── StepExistsError (FileExistsError)       the step is already committed
@@ -76,7 +76,8 @@ class KeyMismatchError(StatekeeperError, KeyError):
             "Build the live objects the way the checkpoint was saved, or pass "
             "strict=Strict.ALLOW_MISSING / ALLOW_UNEXPECTED / PARTIAL to opt out of key checks."
         )
-        self.message = f"{len(self.problems)} mismatch(es) between checkpoint and live state:\n  {lines}\n{fix}"
+        count = len(self.problems)
+        self.message = f"{count} mismatch(es) between checkpoint and live state:\n  {lines}\n{fix}"
         super().__init__(self.message)
 
     def __str__(self) -> str:  # KeyError would repr() the message

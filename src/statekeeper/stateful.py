@@ -24,7 +24,9 @@ class Stateful(Protocol):
 
 def is_stateful(obj: object) -> bool:
     """Whether ``obj`` has callable ``state_dict`` and ``load_state_dict``."""
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
 
 
 class Value(Generic[T]):

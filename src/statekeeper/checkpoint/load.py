@@ -48,11 +48,15 @@ class Strict(StrEnum):
 def _check_tensor(where: str, saved: Any, live: Any, problems: list[str]) -> None:
     if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
         if saved.shape != live.shape:
-            problems.append(f"{where}: shape {tuple(saved.shape)} in checkpoint, {tuple(live.shape)} live")
+            problems.append(
+                f"{where}: shape {tuple(saved.shape)} in checkpoint, {tuple(live.shape)} live"
+            )
         elif saved.dtype != live.dtype:
             problems.append(f"{where}: dtype {saved.dtype} in checkpoint, {live.dtype} live")
     elif isinstance(live, torch.Tensor) != isinstance(saved, torch.Tensor):
-        problems.append(f"{where}: {type(saved).__name__} in checkpoint, {type(live).__name__} live")
+        problems.append(
+            f"{where}: {type(saved).__name__} in checkpoint, {type(live).__name__} live"
+        )
 
 
 def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> list[str]:
@@ -60,7 +64,9 @@ def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> l
     if not strict.missing_ok:
         problems += [f"{n}: missing from the checkpoint" for n in state if n not in saved]
     if not strict.unexpected_ok:
-        problems += [f"{n}: in the checkpoint but not in the live state" for n in saved if n not in state]
+        problems += [
+            f"{n}: in the checkpoint but not in the live state" for n in saved if n not in state
+        ]
     for name, obj in state.items():
         if name not in saved:
             continue
@@ -68,12 +74,20 @@ def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> l
             live_sd = obj.state_dict()
             saved_sd = saved[name]
             if not isinstance(saved_sd, Mapping):
-                problems.append(f"{name}: checkpoint holds a {type(saved_sd).__name__}, not a state_dict")
+                problems.append(
+                    f"{name}: checkpoint holds a {type(saved_sd).__name__}, not a state_dict"
+                )
                 continue
             if not strict.missing_ok:
-                problems += [f"{name}/{k}: missing from the checkpoint" for k in live_sd if k not in saved_sd]
+                problems += [
+                    f"{name}/{k}: missing from the checkpoint" for k in live_sd if k not in saved_sd
+                ]
             if not strict.unexpected_ok:
-                problems += [f"{name}/{k}: unexpected (not in the live module)" for k in saved_sd if k not in live_sd]
+                problems += [
+                    f"{name}/{k}: unexpected (not in the live module)"
+                    for k in saved_sd
+                    if k not in live_sd
+                ]
             for k in live_sd.keys() & saved_sd.keys():
                 _check_tensor(f"{name}/{k}", saved_sd[k], live_sd[k], problems)
         elif isinstance(obj, torch.Tensor):
@@ -84,7 +98,10 @@ def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> l
 def _replace_overlapping(name: str, module: torch.nn.Module, keys: set[str]) -> list[str]:
     """Give self-overlapping live tensors their own memory so they can be loaded into."""
     replaced = []
-    tensors = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    tensors = [
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ]
     for key, t in tensors:
         if key in keys and t is not None and torch._debug_has_internal_overlap(t) == 1:
             with torch.no_grad():
@@ -136,7 +153,9 @@ def load(
     if not isinstance(strict, Strict):
         raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {strict!r}")
     if not isinstance(state, Mapping):
-        raise InvalidArgumentError(f"state must be a mapping of names to objects, got {type(state).__name__}")
+        raise InvalidArgumentError(
+            f"state must be a mapping of names to objects, got {type(state).__name__}"
+        )
     verified = read_step(locate(directory, step), progress)
     problems = _check(verified.state, state, strict)
     if problems:
@@ -149,14 +168,17 @@ def load(
     if replaced:
         warnings.warn(
             f"statekeeper: {len(replaced)} live tensor(s) overlapped themselves in memory (built "
-            f"with expand/meshgrid) and were given their own memory to load into: {', '.join(replaced)}",
+            "with expand/meshgrid) and were given their own memory to load into: "
+            + ", ".join(replaced),
             StatekeeperWarning,
             stacklevel=2,
         )
     return RestoreInfo(verified.manifest.step, verified.location.path(), values, tuple(replaced))
 
 
-def read(directory: PathOrStorage, *, step: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
+def read(
+    directory: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
     """The plain nested state of a checkpoint (tensors on CPU), no live objects needed.
 
     ``directory`` is a run directory (the newest step, or ``step``) or a step directory.

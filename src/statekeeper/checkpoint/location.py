@@ -36,8 +36,9 @@ def validate_step(step: object) -> int:
 def committed(storage: Storage) -> list[ParsedEntry]:
     """Committed steps in ascending order."""
     parsed = (parse_entry(e) for e in storage.entries())
-    return sorted((p for p in parsed if p is not None and p.kind is EntryKind.COMMITTED),
-                  key=lambda p: p.step)
+    return sorted(
+        (p for p in parsed if p is not None and p.kind is EntryKind.COMMITTED), key=lambda p: p.step
+    )
 
 
 class Location:

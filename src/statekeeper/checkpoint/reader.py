@@ -48,7 +48,9 @@ def _read_file(location: Location, manifest: Manifest, name: str) -> bytes:
     except FileNotFoundError:
         raise CorruptCheckpointError(path, "file listed in the manifest is missing") from None
     if len(data) != record.size:
-        raise CorruptCheckpointError(path, f"size is {len(data)} bytes, the manifest says {record.size}")
+        raise CorruptCheckpointError(
+            path, f"size is {len(data)} bytes, the manifest says {record.size}"
+        )
     if not matches(data, record.checksum):
         raise CorruptCheckpointError(path, f"checksum mismatch (expected {record.checksum})")
     return data
@@ -65,11 +67,15 @@ def verify_files(location: Location, manifest: Manifest, progress: Progress | No
             progress(done, total)
 
 
-def _load_tensors(location: Location, manifest: Manifest, progress: Progress | None) -> dict[str, torch.Tensor]:
+def _load_tensors(
+    location: Location, manifest: Manifest, progress: Progress | None
+) -> dict[str, torch.Tensor]:
     by_file: dict[str, list[str]] = {}
     for name, rec in manifest.tensors.items():
         if rec.file not in manifest.files:
-            raise CorruptCheckpointError(location.path(MANIFEST), f"tensor {name!r} is in unlisted file {rec.file!r}")
+            raise CorruptCheckpointError(
+                location.path(MANIFEST), f"tensor {name!r} is in unlisted file {rec.file!r}"
+            )
         by_file.setdefault(rec.file, []).append(name)
     total = sum(r.size for r in manifest.files.values())
     done = 0
@@ -94,7 +100,9 @@ def _load_tensors(location: Location, manifest: Manifest, progress: Progress | N
     for name, alias in manifest.aliases.items():
         base = tensors.get(alias.base)
         if base is None or name in tensors:
-            raise CorruptCheckpointError(location.path(MANIFEST), f"alias {name!r} has no stored base")
+            raise CorruptCheckpointError(
+                location.path(MANIFEST), f"alias {name!r} has no stored base"
+            )
         try:
             tensors[name] = rebuild_alias(base, alias)
         except ValueError as exc:
@@ -116,7 +124,9 @@ def read_step(location: Location, progress: Progress | None = None) -> VerifiedS
     try:
         state = unflatten(manifest.state, lookup)
     except (ValueError, TypeError, RuntimeError) as exc:  # only a crafted manifest gets here
-        raise CorruptCheckpointError(location.path(MANIFEST), f"state is malformed: {exc}") from None
+        raise CorruptCheckpointError(
+            location.path(MANIFEST), f"state is malformed: {exc}"
+        ) from None
     if not isinstance(state, dict):
         raise CorruptCheckpointError(location.path(MANIFEST), "state is not a mapping")
     return VerifiedStep(location, manifest, state)

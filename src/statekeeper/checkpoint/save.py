@@ -28,12 +28,15 @@ __all__ = ["capture", "save", "write_step"]
 def capture(state: Mapping[str, Any]) -> dict[str, Any]:
     """Each entry's ``state_dict()`` (for Stateful objects) or the plain value itself."""
     if not isinstance(state, Mapping):
-        raise InvalidArgumentError(f"state must be a mapping of names to objects, got {type(state).__name__}")
+        raise InvalidArgumentError(
+            f"state must be a mapping of names to objects, got {type(state).__name__}"
+        )
     captured: dict[str, Any] = {}
     for name, obj in state.items():
         if not isinstance(name, str) or not name or name.startswith("$") or "/" in name:
             raise InvalidArgumentError(
-                f"state name {name!r} is not allowed: use a non-empty str without '/' or a leading '$'"
+                f"state name {name!r} is not allowed: "
+                "use a non-empty str without '/' or a leading '$'"
             )
         captured[name] = obj.state_dict() if is_stateful(obj) else obj
     return captured
@@ -44,7 +47,9 @@ def _frozen_names(state: Mapping[str, Any]) -> set[str]:
     names: set[str] = set()
     for name, obj in state.items():
         if isinstance(obj, torch.nn.Module):
-            names.update(f"{name}/{p}" for p, param in obj.named_parameters() if not param.requires_grad)
+            names.update(
+                f"{name}/{p}" for p, param in obj.named_parameters() if not param.requires_grad
+            )
     return names
 
 
@@ -53,8 +58,14 @@ def _encode_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Json]:
     for key, value in (metrics or {}).items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidArgumentError(f"metric {key!r}={value!r}: metrics map str names to numbers")
+        if (
+            not isinstance(key, str)
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
+            raise InvalidArgumentError(
+                f"metric {key!r}={value!r}: metrics map str names to numbers"
+            )
         out[key] = encode_value(value, key, _no_tensor)
     return out
 
@@ -107,7 +118,8 @@ def write_step(
         manifest = Manifest(
             step=step,
             created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            library=library or {"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
+            library=library
+            or {"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
             metrics=encoded_metrics,
             files=files,
             tensors=tensors,
@@ -143,5 +155,12 @@ def save(
     storage = resolve_storage(directory)
     validate_step(step)
     with storage.writer_lock():
-        return write_step(storage, capture(state), step=step, metrics=metrics,
-                          frozen=_frozen_names(state), overwrite=overwrite, shard_bytes=shard_bytes)
+        return write_step(
+            storage,
+            capture(state),
+            step=step,
+            metrics=metrics,
+            frozen=_frozen_names(state),
+            overwrite=overwrite,
+            shard_bytes=shard_bytes,
+        )

@@ -33,8 +33,12 @@ class Alias:
     stride: tuple[int, ...]
 
     def to_json(self) -> dict[str, object]:
-        return {"base": self.base, "offset": self.offset, "shape": list(self.shape),
-                "stride": list(self.stride)}
+        return {
+            "base": self.base,
+            "offset": self.offset,
+            "shape": list(self.shape),
+            "stride": list(self.stride),
+        }
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _extent(t: torch.Tensor) -> tuple[int, int]:
     """[first, last+1) element indices of ``t`` within its storage."""
-    lo = t.storage_offset()
+    lo = int(t.storage_offset())
     return lo, lo + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
 
 
@@ -87,11 +91,17 @@ def plan_sharing(tensors: dict[str, torch.Tensor]) -> SharingPlan:
     return SharingPlan(stored, aliases)
 
 
-def _plan_group(members: list[str], tensors: dict[str, torch.Tensor],
-                stored: dict[str, torch.Tensor], aliases: dict[str, Alias]) -> None:
+def _plan_group(
+    members: list[str],
+    tensors: dict[str, torch.Tensor],
+    stored: dict[str, torch.Tensor],
+    aliases: dict[str, Alias],
+) -> None:
     first = tensors[members[0]]
-    views = {(tensors[m].storage_offset(), tuple(tensors[m].shape), tuple(tensors[m].stride()))
-             for m in members}
+    views = {
+        (tensors[m].storage_offset(), tuple(tensors[m].shape), tuple(tensors[m].stride()))
+        for m in members
+    }
     if len(views) == 1:  # tied: the same view several times
         stored[members[0]] = first
         shape = tuple(first.shape)
@@ -101,8 +111,13 @@ def _plan_group(members: list[str], tensors: dict[str, torch.Tensor],
     spans = [_extent(tensors[m]) for m in members]
     lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
     base_name = next(
-        (m for m in members if tensors[m].is_contiguous() and tensors[m].storage_offset() == lo
-         and tensors[m].numel() == hi - lo),
+        (
+            m
+            for m in members
+            if tensors[m].is_contiguous()
+            and tensors[m].storage_offset() == lo
+            and tensors[m].numel() == hi - lo
+        ),
         None,
     )
     if base_name is None:
@@ -117,7 +132,9 @@ def _plan_group(members: list[str], tensors: dict[str, torch.Tensor],
     for m in members:
         if m != base_name:
             t = tensors[m]
-            aliases[m] = Alias(base_name, t.storage_offset() - lo, tuple(t.shape), tuple(t.stride()))
+            aliases[m] = Alias(
+                base_name, int(t.storage_offset()) - lo, tuple(t.shape), tuple(t.stride())
+            )
 
 
 def rebuild_alias(base: torch.Tensor, alias: Alias) -> torch.Tensor:
@@ -125,11 +142,19 @@ def rebuild_alias(base: torch.Tensor, alias: Alias) -> torch.Tensor:
 
     Raises ``ValueError`` when the view does not lie inside ``base`` (a damaged manifest).
     """
-    if (len(alias.shape) != len(alias.stride) or alias.offset < 0
-            or any(d < 0 for d in alias.shape) or any(s < 0 for s in alias.stride)):
+    if (
+        len(alias.shape) != len(alias.stride)
+        or alias.offset < 0
+        or any(d < 0 for d in alias.shape)
+        or any(s < 0 for s in alias.stride)
+    ):
         raise ValueError(f"alias of {alias.base!r} has a malformed view")
     if 0 not in alias.shape:
-        end = alias.offset + 1 + sum((d - 1) * s for d, s in zip(alias.shape, alias.stride, strict=True))
+        end = (
+            alias.offset
+            + 1
+            + sum((d - 1) * s for d, s in zip(alias.shape, alias.stride, strict=True))
+        )
         if end > base.numel():
             raise ValueError(f"alias of {alias.base!r} reaches past the stored tensor")
     return torch.as_strided(base, alias.shape, alias.stride, base.storage_offset() + alias.offset)

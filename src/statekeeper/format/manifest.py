@@ -2,7 +2,8 @@
 
 The manifest is ASCII JSON: one top-level member per line, the entries of ``files``,
 ``tensors`` and ``aliases`` one per line, every value compact (no spaces), a trailing
-newline. Its members, in this order: ``format``, ``version``, ``step``, ``created``, ``library``, ``metrics``,
+newline. Its members, in this order: ``format``, ``version``, ``step``, ``created``,
+``library``, ``metrics``,
 ``files``, ``tensors``, ``aliases``, ``state`` and last ``manifest_checksum``: the checksum
 of the file's own bytes with the 32 hex digits of that member replaced by ``0``. So any
 change to the manifest, even one that stays valid JSON, is detected. See ``docs/format.md``.
@@ -61,9 +62,13 @@ class Manifest:
             "created": self.created,
             "library": dict(sorted(self.library.items())),
             "metrics": dict(sorted(self.metrics.items())),
-            "files": {n: {"size": r.size, "checksum": r.checksum} for n, r in sorted(self.files.items())},
-            "tensors": {n: {"file": r.file, "dtype": r.dtype, "shape": list(r.shape)}
-                        for n, r in sorted(self.tensors.items())},
+            "files": {
+                n: {"size": r.size, "checksum": r.checksum} for n, r in sorted(self.files.items())
+            },
+            "tensors": {
+                n: {"file": r.file, "dtype": r.dtype, "shape": list(r.shape)}
+                for n, r in sorted(self.tensors.items())
+            },
             "aliases": {n: a.to_json() for n, a in sorted(self.aliases.items())},
             "state": self.state,
             "manifest_checksum": f"{ALGORITHM}:{_ZERO}",
@@ -71,11 +76,11 @@ class Manifest:
         text = _dump(body)
         digest = checksum(text.encode("ascii")).split(":", 1)[1]
         cut = text.rindex(_CHECKSUM_KEY) + len(_CHECKSUM_KEY) + len(ALGORITHM) + 1
-        return (text[:cut] + digest + text[cut + 32:]).encode("ascii")
+        return (text[:cut] + digest + text[cut + 32 :]).encode("ascii")
 
     @classmethod
     def from_bytes(cls, path: str, data: bytes) -> Manifest:
-        """Parse and verify; raises CorruptCheckpointError / UnsupportedFormatError naming ``path``."""
+        """Parse and verify; raises CorruptCheckpointError or UnsupportedFormatError naming path."""
         try:
             text = data.decode("ascii")
             body = json.loads(text)
@@ -84,7 +89,9 @@ class Manifest:
         if not isinstance(body, dict):
             raise CorruptCheckpointError(path, "manifest is not a JSON object")
         if body.get("format") != FORMAT:
-            raise CorruptCheckpointError(path, f"not a statekeeper manifest (format={body.get('format')!r})")
+            raise CorruptCheckpointError(
+                path, f"not a statekeeper manifest (format={body.get('format')!r})"
+            )
         if body.get("version") != VERSION:
             raise UnsupportedFormatError(path, body.get("version"), [VERSION])
         _verify_self_checksum(path, text, body)
@@ -94,15 +101,31 @@ class Manifest:
                 created=str(body["created"]),
                 library={str(k): str(v) for k, v in body["library"].items()},
                 metrics=dict(body["metrics"]),
-                files={n: FileRecord(_int(r["size"]), str(r["checksum"])) for n, r in body["files"].items()},
-                tensors={n: TensorRecord(str(r["file"]), str(r["dtype"]), tuple(_int(d) for d in r["shape"]))
-                         for n, r in body["tensors"].items()},
-                aliases={n: Alias(str(a["base"]), _int(a["offset"]), tuple(_int(d) for d in a["shape"]),
-                                  tuple(_int(s) for s in a["stride"])) for n, a in body["aliases"].items()},
+                files={
+                    n: FileRecord(_int(r["size"]), str(r["checksum"]))
+                    for n, r in body["files"].items()
+                },
+                tensors={
+                    n: TensorRecord(
+                        str(r["file"]), str(r["dtype"]), tuple(_int(d) for d in r["shape"])
+                    )
+                    for n, r in body["tensors"].items()
+                },
+                aliases={
+                    n: Alias(
+                        str(a["base"]),
+                        _int(a["offset"]),
+                        tuple(_int(d) for d in a["shape"]),
+                        tuple(_int(s) for s in a["stride"]),
+                    )
+                    for n, a in body["aliases"].items()
+                },
                 state=body["state"],
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise CorruptCheckpointError(path, f"manifest is malformed ({type(exc).__name__}: {exc})") from None
+            raise CorruptCheckpointError(
+                path, f"manifest is malformed ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def _compact(value: Any) -> str:
@@ -132,6 +155,9 @@ def _verify_self_checksum(path: str, text: str, body: dict[str, Any]) -> None:
     if not isinstance(stored, str) or not stored.startswith(f"{ALGORITHM}:") or at < 0:
         raise CorruptCheckpointError(path, "manifest has no manifest_checksum")
     cut = at + len(_CHECKSUM_KEY) + len(ALGORITHM) + 1
-    zeroed = text[:cut] + _ZERO + text[cut + 32:]
-    if text[cut:cut + 32] != stored.split(":", 1)[1] or checksum(zeroed.encode("ascii")) != stored:
+    zeroed = text[:cut] + _ZERO + text[cut + 32 :]
+    if (
+        text[cut : cut + 32] != stored.split(":", 1)[1]
+        or checksum(zeroed.encode("ascii")) != stored
+    ):
         raise CorruptCheckpointError(path, "manifest fails its checksum (the file was altered)")

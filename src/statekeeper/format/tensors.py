@@ -33,7 +33,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def plan_shards(stored: dict[str, torch.Tensor], frozen: Iterable[str], shard_bytes: int) -> list[Shard]:
+def plan_shards(
+    stored: dict[str, torch.Tensor], frozen: Iterable[str], shard_bytes: int
+) -> list[Shard]:
     """Assign stored tensors to shard files, deterministically."""
     frozen_set = set(frozen)
     groups = ([n for n in stored if n in frozen_set], [n for n in stored if n not in frozen_set])

@@ -45,8 +45,20 @@ TensorHook = Callable[[str, Any], Json]
 RefHook = Callable[[str, str], Any]
 
 _TAGS = frozenset(
-    {"$float", "$bytes", "$tuple", "$dict", "$odict", "$dtype", "$size", "$device", "$numpy",
-     "$complex", "$tensor", "$ndarray"}
+    {
+        "$float",
+        "$bytes",
+        "$tuple",
+        "$dict",
+        "$odict",
+        "$dtype",
+        "$size",
+        "$device",
+        "$numpy",
+        "$complex",
+        "$tensor",
+        "$ndarray",
+    }
 )
 
 
@@ -78,14 +90,18 @@ def encode_value(value: object, path: str, on_tensor: TensorHook) -> Json:
     if isinstance(value, torch.Size):
         return {"$size": list(value)}
     if isinstance(value, tuple) and type(value) is tuple:
-        return {"$tuple": [encode_value(v, join_path(path, i), on_tensor) for i, v in enumerate(value)]}
+        return {
+            "$tuple": [encode_value(v, join_path(path, i), on_tensor) for i, v in enumerate(value)]
+        }
     if type(value) is list:
         return [encode_value(v, join_path(path, i), on_tensor) for i, v in enumerate(value)]
     if isinstance(value, OrderedDict):
         meta = getattr(value, "_metadata", None)
         return {
             "$odict": _encode_items(value, path, on_tensor),
-            "meta": None if meta is None else encode_value(meta, join_path(path, "_metadata"), on_tensor),
+            "meta": None
+            if meta is None
+            else encode_value(meta, join_path(path, "_metadata"), on_tensor),
         }
     if type(value) is dict:
         if all(isinstance(k, str) and not k.startswith("$") for k in value):
@@ -98,8 +114,12 @@ def encode_value(value: object, path: str, on_tensor: TensorHook) -> Json:
     if isinstance(value, torch.device):
         return {"$device": str(value)}
     if isinstance(value, complex):
-        return {"$complex": [encode_value(value.real, path, on_tensor),
-                             encode_value(value.imag, path, on_tensor)]}
+        return {
+            "$complex": [
+                encode_value(value.real, path, on_tensor),
+                encode_value(value.imag, path, on_tensor),
+            ]
+        }
     raise UnsupportedValueError(path, value)
 
 
@@ -108,7 +128,9 @@ def _encode_items(mapping: dict[Any, Any], path: str, on_tensor: TensorHook) -> 
     for k, v in mapping.items():
         if isinstance(k, torch.Tensor | np.ndarray | list | dict):
             raise UnsupportedValueError(join_path(path, "<key>"), k)
-        items.append([encode_value(k, path, on_tensor), encode_value(v, join_path(path, k), on_tensor)])
+        items.append(
+            [encode_value(k, path, on_tensor), encode_value(v, join_path(path, k), on_tensor)]
+        )
     return items
 
 
@@ -161,7 +183,10 @@ def decode_value(obj: Json, path: str, on_ref: RefHook) -> Any:
         return torch.device(body)
     if tag == "$numpy":
         _expect(isinstance(body, str) and set(obj) == {"$numpy", "value"}, path, tag)
-        dtype = np.dtype(body)
+        try:
+            dtype = np.dtype(body)
+        except TypeError:
+            raise ValueError(f"{path or '<root>'}: unknown numpy dtype {body!r}") from None
         _expect(dtype.kind in "biufc", path, tag)
         return dtype.type(decode_value(obj["value"], path, on_ref))
     # "$complex"
@@ -170,7 +195,11 @@ def decode_value(obj: Json, path: str, on_ref: RefHook) -> Any:
 
 
 def _decode_items(body: Json, path: str, on_ref: RefHook) -> list[tuple[Any, Any]]:
-    _expect(isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body), path, "items")
+    _expect(
+        isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body),
+        path,
+        "items",
+    )
     items = []
     for k_enc, v_enc in body:
         key = decode_value(k_enc, path, on_ref)

@@ -94,6 +94,25 @@ class MemoryStorage:
         if self.fail_at is not None and index == self.fail_at:
             raise InjectedFailure(f"injected failure at operation {index} ({kind})")
 
+    def copy(self) -> MemoryStorage:
+        """An independent copy of the contents (unlocked, no failure armed, same op count)."""
+        other = MemoryStorage(name=self._name)
+        other.operations = self.operations
+        dirs = {
+            id(d): _Dir(dict(d.files), dict(d.durable_files), set(d.durable_names))
+            for d in self._live.values()
+        }
+        dirs.update(
+            {
+                id(d): _Dir(dict(d.files), dict(d.durable_files), set(d.durable_names))
+                for d in self._durable_root.values()
+                if id(d) not in dirs
+            }
+        )
+        other._live = {n: dirs[id(d)] for n, d in self._live.items()}
+        other._durable_root = {n: dirs[id(d)] for n, d in self._durable_root.items()}
+        return other
+
     def crash(self) -> None:
         """Lose everything that was not durable, as a power cut would; drop the lock."""
         self._live = {}

@@ -1,0 +1,44 @@
+"""Shared fixtures: small deterministic models and states."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def trained(seed: int = 0, steps: int = 2) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = make_model(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        model(torch.ones(3, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
+    """Bitwise equality of nested states (dtype-exact, nan-equal)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), path
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(_raw(a), _raw(b)), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{path}: {set(a) ^ set(b)}"
+        for k in a:
+            assert_state_equal(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_state_equal(x, y, f"{path}/{i}")
+    else:
+        assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"

@@ -16,7 +16,7 @@ from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.tensors import decode_shard, dtype_name
 from statekeeper.state.tree import unflatten
 
-__all__ = ["Progress", "VerifiedStep", "read_manifest", "read_step", "verify_files"]
+__all__ = ["Progress", "VerifiedStep", "read_manifest", "read_step"]
 
 Progress = Callable[[int, int], None]
 """Called as ``progress(done_bytes, total_bytes)`` while files are read."""
@@ -54,17 +54,6 @@ def _read_file(location: Location, manifest: Manifest, name: str) -> bytes:
     if not matches(data, record.checksum):
         raise CorruptCheckpointError(path, f"checksum mismatch (expected {record.checksum})")
     return data
-
-
-def verify_files(location: Location, manifest: Manifest, progress: Progress | None = None) -> None:
-    """Check every file's presence, size and checksum without decoding it."""
-    total = sum(r.size for r in manifest.files.values())
-    done = 0
-    for name in sorted(manifest.files):
-        _read_file(location, manifest, name)
-        done += manifest.files[name].size
-        if progress is not None:
-            progress(done, total)
 
 
 def _load_tensors(

@@ -1,0 +1,241 @@
+"""``statekeeper inspect``: what a checkpoint holds, read from its verified manifest alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import torch
+
+from statekeeper.checkpoint.location import Location, locate
+from statekeeper.checkpoint.reader import read_manifest
+from statekeeper.cli import render
+from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.format.values import decode_value, join_path
+
+__all__ = ["EntryReport", "Report", "TensorRow", "Totals", "ValueRow", "build_report", "inspect"]
+
+SHORT_VALUE = 60
+"""Values whose ``repr`` is at most this long are shown; longer ones are summarized."""
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    name: str  # the tensor's name in the manifest (its full key path)
+    key: str  # its key path inside the top-level entry
+    shape: list[int]
+    dtype: str
+    bytes: int  # numel * element size; 0 for an alias
+    file: str | None
+    alias_of: str | None
+    numpy: bool = False
+    in_state: bool = True  # False for a stored base that only aliases refer to
+
+
+@dataclass(frozen=True)
+class ValueRow:
+    path: str
+    key: str
+    type: str
+    value: str  # its repr when short, else a summary such as "<list of 500 int>"
+    complete: bool  # whether ``value`` is the full repr
+
+
+@dataclass
+class EntryReport:
+    name: str
+    type: str
+    tensors: list[TensorRow] = field(default_factory=list)
+    values: list[ValueRow] = field(default_factory=list)
+    tensor_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Totals:
+    tensors: int
+    stored: int
+    aliases: int
+    tensor_bytes: int
+    values: int
+    files: int
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class Report:
+    path: str
+    step: int
+    created: str
+    library: dict[str, str]
+    metrics: dict[str, Any]
+    entries: list[EntryReport]
+    aliases: dict[str, str]
+    totals: Totals
+
+
+@dataclass(frozen=True)
+class _Ref:
+    tag: str
+    name: str
+
+
+def _summary(value: Any) -> tuple[str, bool]:
+    text = repr(value)
+    if len(text) <= SHORT_VALUE:
+        return text, True
+    if isinstance(value, str):
+        return f"<str of {len(value)} characters>", False
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>", False
+    if isinstance(value, list | tuple):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"<{type(value).__name__} of {len(value)} {'/'.join(kinds)}>", False
+    return text[: SHORT_VALUE - 3] + "...", False
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, Mapping) or type(value) in (list, tuple)
+
+
+def _walk(
+    value: Any, path: str, refs: list[tuple[str, _Ref]], leaves: list[tuple[str, Any]]
+) -> None:
+    """Collect tensor references and non-tensor leaves in traversal order.
+
+    A list or tuple of plain values (no containers, no tensors) counts as one leaf.
+    """
+    if isinstance(value, _Ref):
+        refs.append((path, value))
+    elif isinstance(value, Mapping) and value:
+        for key, child in value.items():
+            _walk(child, join_path(path, key), refs, leaves)
+    elif type(value) in (list, tuple) and any(
+        _is_container(v) or isinstance(v, _Ref) for v in value
+    ):
+        for i, child in enumerate(value):
+            _walk(child, join_path(path, i), refs, leaves)
+    else:
+        leaves.append((path, value))
+
+
+def _itemsize(dtype: str, where: str) -> int:
+    found = getattr(torch, dtype, None)
+    if not isinstance(found, torch.dtype):
+        raise CorruptCheckpointError(where, f"unknown tensor dtype {dtype!r}")
+    return found.itemsize
+
+
+def _tensor_row(manifest: Manifest, where: str, name: str, key: str, ref: _Ref | None) -> TensorRow:
+    numpy = ref is not None and ref.tag == "$ndarray"
+    in_state = ref is not None
+    if name in manifest.tensors:
+        rec = manifest.tensors[name]
+        size = math.prod(rec.shape) * _itemsize(rec.dtype, where)
+        return TensorRow(
+            name, key, list(rec.shape), rec.dtype, size, rec.file, None, numpy, in_state
+        )
+    alias = manifest.aliases.get(name)
+    if alias is None or alias.base not in manifest.tensors:
+        raise CorruptCheckpointError(where, f"state refers to unknown tensor {name!r}")
+    base = manifest.tensors[alias.base]
+    return TensorRow(name, key, list(alias.shape), base.dtype, 0, None, alias.base, numpy, in_state)
+
+
+def _relative(path: str, entry: str) -> str:
+    return path[len(entry) + 1 :] if path.startswith(entry + "/") else ""
+
+
+def _decode(manifest: Manifest, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    def on_ref(tag: str, name: str) -> _Ref:
+        return _Ref(tag, name)
+
+    def no_ref(tag: str, name: str) -> _Ref:
+        raise ValueError(f"metrics cannot refer to tensor {name!r}")
+
+    try:
+        state = decode_value(manifest.state, "", on_ref)
+        metrics = {k: decode_value(v, k, no_ref) for k, v in manifest.metrics.items()}
+    except ValueError as exc:
+        raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpointError(where, "state is not a mapping")
+    return state, metrics
+
+
+def build_report(location: Location, manifest: Manifest) -> Report:
+    """Describe a checkpoint from its manifest; no tensor data is read."""
+    where = location.path(MANIFEST)
+    state, metrics = _decode(manifest, where)
+    entries: dict[str, EntryReport] = {}
+    seen: set[str] = set()
+    for name, value in state.items():
+        entry = entries[str(name)] = EntryReport(str(name), type(value).__name__)
+        refs: list[tuple[str, _Ref]] = []
+        leaves: list[tuple[str, Any]] = []
+        _walk(value, str(name), refs, leaves)
+        for path, ref in refs:
+            seen.add(ref.name)
+            row = _tensor_row(manifest, where, ref.name, _relative(path, entry.name), ref)
+            entry.tensors.append(row)
+        for path, leaf in leaves:
+            shown, complete = _summary(leaf)
+            key = _relative(path, entry.name)
+            entry.values.append(ValueRow(path, key, type(leaf).__name__, shown, complete))
+    for name in sorted(set(manifest.tensors) - seen):  # stored bases that only aliases use
+        owner = name.split("/", 1)[0]
+        entry = entries.get(owner) or entries.setdefault(
+            "(unreferenced)", EntryReport("(unreferenced)", "tensors")
+        )
+        entry.tensors.append(_tensor_row(manifest, where, name, _relative(name, owner), None))
+    for entry in entries.values():
+        entry.tensor_bytes = sum(row.bytes for row in entry.tensors)
+    manifest_bytes = location.storage.size(location.entry, MANIFEST)
+    rows = [row for entry in entries.values() for row in entry.tensors]
+    totals = Totals(
+        tensors=sum(1 for row in rows if row.in_state),
+        stored=len(manifest.tensors),
+        aliases=len(manifest.aliases),
+        tensor_bytes=sum(row.bytes for row in rows),
+        values=sum(len(entry.values) for entry in entries.values()),
+        files=len(manifest.files) + 1,
+        file_bytes=manifest_bytes + sum(f.size for f in manifest.files.values()),
+    )
+    return Report(
+        path=location.path(),
+        step=manifest.step,
+        created=manifest.created,
+        library=dict(manifest.library),
+        metrics=metrics,
+        entries=list(entries.values()),
+        aliases={name: alias.base for name, alias in manifest.aliases.items()},
+        totals=totals,
+    )
+
+
+@click.command("inspect")
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option(
+    "--step", type=click.IntRange(min=0), help="Step of a run directory (default: newest)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def inspect(ckpt: Path, step: int | None, as_json: bool) -> None:
+    """Show the state tree of a checkpoint: tensors, values, aliases, metrics.
+
+    CKPT is a step directory or a run directory. Only the manifest is read (and verified);
+    use `statekeeper verify` to check the tensor data too.
+    """
+    with render.reported_errors():
+        if not ckpt.is_dir():
+            render.fail(f"{ckpt} is not a directory; pass a run directory or a step directory", 2)
+        location = locate(ckpt, step)
+        report = build_report(location, read_manifest(location))
+    if as_json:
+        render.emit_json(dataclasses.asdict(report))
+    else:
+        render.inspection(report)

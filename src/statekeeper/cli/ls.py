@@ -1,0 +1,66 @@
+"""``statekeeper ls``: the committed steps of a run directory and its interrupted saves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.listing import list_checkpoints, list_partial
+from statekeeper.checkpoint.naming import ParsedEntry
+from statekeeper.cli import render
+from statekeeper.format.manifest import MANIFEST
+
+__all__ = ["listing_json", "ls"]
+
+
+def _info_json(info: CheckpointInfo) -> dict[str, Any]:
+    return {
+        "step": info.step,
+        "path": info.path,
+        "bytes": info.bytes,
+        "created": info.created.isoformat() if info.created else None,
+        "metrics": dict(info.metrics),
+        "files": info.files,
+        "error": info.error,
+    }
+
+
+def listing_json(
+    directory: str, infos: list[CheckpointInfo], partial: list[ParsedEntry]
+) -> dict[str, Any]:
+    return {
+        "directory": directory,
+        "checkpoints": [_info_json(info) for info in infos],
+        "partial": [{"name": p.name, "step": p.step, "kind": str(p.kind)} for p in partial],
+    }
+
+
+@click.command("ls")
+@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def ls(directory: Path, as_json: bool) -> None:
+    """List the checkpoints of the run directory DIR.
+
+    Shows every committed step (size, files, metrics; damaged manifests flagged) and every
+    partial directory left by an interrupted save, which statekeeper never reads.
+    """
+    with render.reported_errors():
+        if not directory.is_dir():
+            render.fail(
+                f"{directory} is not a directory; pass the run directory of a training run", 2
+            )
+        if (directory / MANIFEST).is_file():
+            render.fail(
+                f"{directory} is a single step, not a run directory; run `statekeeper ls "
+                f"{directory.parent}` or `statekeeper inspect {directory}`",
+                2,
+            )
+        infos = list_checkpoints(directory)
+        partial = list_partial(directory)
+    if as_json:
+        render.emit_json(listing_json(str(directory), infos, partial))
+    else:
+        render.listing(str(directory), infos, partial)

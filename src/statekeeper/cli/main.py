@@ -1,0 +1,26 @@
+"""The ``statekeeper`` command: a click group with one sub-command per module."""
+
+from __future__ import annotations
+
+import click
+
+from statekeeper import __version__
+from statekeeper.cli.inspect import inspect
+from statekeeper.cli.ls import ls
+from statekeeper.cli.verify import verify
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="statekeeper")
+def main() -> None:
+    """Inspect and verify statekeeper checkpoints.
+
+    Every command takes --json for output that programs can read.
+    """
+
+
+main.add_command(ls)
+main.add_command(inspect)
+main.add_command(verify)

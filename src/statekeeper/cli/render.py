@@ -1,0 +1,293 @@
+"""All output of the command line: rich for people, JSON for programs.
+
+This is the only module of statekeeper that writes to the terminal. Commands build plain data
+and hand it here; nothing else prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.naming import ParsedEntry
+from statekeeper.checkpoint.reader import Progress as ProgressCallback
+from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
+
+if TYPE_CHECKING:
+    from statekeeper.cli.inspect import EntryReport, Report
+    from statekeeper.cli.verify import StepResult
+
+__all__ = [
+    "ByteProgress",
+    "emit_json",
+    "error",
+    "fail",
+    "human_bytes",
+    "inspection",
+    "listing",
+    "reported_errors",
+    "verify_step",
+    "verify_summary",
+]
+
+PARTIAL_NOTE = "partial (interrupted save, never read)"
+VALUES_SHOWN = 20
+"""Non-tensor values listed per entry in human output (--json lists them all)."""
+
+
+def _out() -> Console:
+    return Console(highlight=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:.1f} {unit}"
+
+
+def _jsonable(value: Any) -> Any:
+    """Non-finite floats become strings so that the output stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(_jsonable(data), indent=2, sort_keys=True, allow_nan=False))
+
+
+def error(message: str) -> None:
+    _err().print(Text(f"Error: {message}", style="bold red"), soft_wrap=True)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Report ``message`` on stderr and leave with ``code`` (2: usage or nothing found)."""
+    error(message)
+    raise click.exceptions.Exit(code)
+
+
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """Turn statekeeper and OS errors into one red line and an exit code, never a traceback."""
+    try:
+        yield
+    except (StepNotFoundError, InvalidArgumentError) as exc:
+        fail(str(exc), 2)
+    except StatekeeperError as exc:
+        fail(str(exc), 1)
+    except OSError as exc:
+        fail(f"{exc}; check that the path exists and is readable", 1)
+
+
+def _metrics(metrics: Mapping[str, Any]) -> str:
+    parts = []
+    for key, value in sorted(metrics.items()):
+        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        parts.append(f"{key}={shown}")
+    return ", ".join(parts)
+
+
+def _created(created: datetime | None) -> str:
+    return created.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if created else "unknown"
+
+
+def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEntry]) -> None:
+    console = _out()
+    if not infos and not partial:
+        console.print(Text(f"{directory}: no checkpoints"), soft_wrap=True)
+        return
+    table = Table(title=Text(directory), title_justify="left")
+    table.add_column("step", justify="right")
+    table.add_column("created")
+    table.add_column("size", justify="right")
+    table.add_column("files", justify="right")
+    table.add_column("metrics", overflow="fold")
+    table.add_column("status", overflow="fold")
+    for info in infos:
+        if info.error is not None:
+            status = Text(f"damaged: {info.error}", style="red")
+            table.add_row(str(info.step), "-", "-", "-", "", status)
+            continue
+        table.add_row(
+            str(info.step),
+            _created(info.created),
+            human_bytes(info.bytes),
+            str(info.files),
+            _metrics(info.metrics),
+            Text("ok", style="green"),
+        )
+    for entry in partial:
+        note = Text(f"{PARTIAL_NOTE}: {entry.name}", style="yellow")
+        table.add_row(str(entry.step), "-", "-", "-", "", note)
+    console.print(table)
+    damaged = sum(1 for i in infos if i.error is not None)
+    summary = f"{len(infos)} committed step(s)"
+    if damaged:
+        summary += f", {damaged} damaged"
+    if partial:
+        summary += f", {len(partial)} partial (remove with statekeeper.remove_partial)"
+    console.print(Text(summary), soft_wrap=True)
+
+
+def _entry_table(entry: EntryReport) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("tensor", overflow="fold")
+    table.add_column("shape", no_wrap=True)
+    table.add_column("dtype", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("note", overflow="fold")
+    for row in entry.tensors:
+        if row.alias_of is not None:
+            note = Text(f"alias of {row.alias_of}", style="cyan")
+        elif not row.in_state:
+            note = Text("storage shared by aliases", style="cyan")
+        else:
+            note = Text("numpy array" if row.numpy else "")
+        shape = "(" + ", ".join(map(str, row.shape)) + ("," if len(row.shape) == 1 else "") + ")"
+        table.add_row(row.key or entry.name, shape, row.dtype, human_bytes(row.bytes), note)
+    return table
+
+
+def _values_table(entry: EntryReport) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("key", overflow="fold")
+    table.add_column("type", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for row in entry.values[:VALUES_SHOWN]:
+        table.add_row(row.key or entry.name, row.type, row.value)
+    hidden = len(entry.values) - VALUES_SHOWN
+    if hidden > 0:
+        table.add_row(Text(f"... {hidden} more (--json lists all)", style="dim"), "", "")
+    return table
+
+
+def inspection(report: Report) -> None:
+    console = _out()
+    console.print(Text(f"step {report.step}  {report.path}", style="bold"), soft_wrap=True)
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(report.library.items()))
+    console.print(Text(f"created  {report.created}    written by {versions}"), soft_wrap=True)
+    if report.metrics:
+        console.print(Text(f"metrics  {_metrics(report.metrics)}"), soft_wrap=True)
+    for entry in report.entries:
+        console.print()
+        if not entry.tensors and len(entry.values) == 1 and not entry.values[0].key:
+            line = f"{entry.name} ({entry.type}) = {entry.values[0].value}"
+            console.print(Text(line, style="bold"), soft_wrap=True)
+            continue
+        parts = []
+        if entry.tensors:
+            parts.append(f"{len(entry.tensors)} tensor(s), {human_bytes(entry.tensor_bytes)}")
+        if entry.values:
+            parts.append(f"{len(entry.values)} other value(s)")
+        head = f"{entry.name} ({entry.type}): {', '.join(parts) or 'empty'}"
+        console.print(Text(head, style="bold"), soft_wrap=True)
+        if entry.tensors:
+            console.print(_entry_table(entry))
+        if entry.values:
+            console.print(_values_table(entry))
+    t = report.totals
+    console.print()
+    console.print(
+        Text(
+            f"total: {t.tensors} tensor(s) ({t.stored} stored, {t.aliases} alias(es)), "
+            f"{t.tensor_bytes:,} bytes ({human_bytes(t.tensor_bytes)}) of tensor data, "
+            f"{t.values} other value(s), {t.files} file(s) ({human_bytes(t.file_bytes)} on disk)",
+            style="bold",
+        ),
+        soft_wrap=True,
+    )
+    for name, base in sorted(report.aliases.items()):
+        console.print(Text(f"alias: {name} -> {base} (shares its memory)"), soft_wrap=True)
+
+
+class ByteProgress:
+    """A transient progress bar over bytes on stderr; does nothing when disabled."""
+
+    def __init__(self, enabled: bool) -> None:
+        console = _err()
+        self._progress: Progress | None = None
+        if enabled and console.is_terminal:
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(binary_units=True),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
+
+    def __enter__(self) -> ByteProgress:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def phase(self, description: str, total: int | None = None) -> ProgressCallback | None:
+        """A callback for ``progress(done, total)`` shown as a new bar labelled ``description``."""
+        progress = self._progress
+        if progress is None:
+            return None
+        task = progress.add_task(description, total=total)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return update
+
+
+def verify_step(result: StepResult) -> None:
+    label = f"step {result.step if result.step is not None else '?'}"
+    if result.ok:
+        line = Text(f"OK      {label}  {human_bytes(result.bytes)}  {result.path}", style="green")
+    else:
+        line = Text(f"FAILED  {label}  {result.error}", style="red")
+    _out().print(line, soft_wrap=True)
+
+
+def verify_summary(results: list[StepResult]) -> None:
+    failed = sum(1 for r in results if not r.ok)
+    total = sum(r.bytes for r in results if r.ok)
+    if failed:
+        text = Text(f"{failed} of {len(results)} step(s) failed verification", style="bold red")
+    else:
+        text = Text(
+            f"all {len(results)} step(s) verified ({human_bytes(total)} checked)",
+            style="bold green",
+        )
+    _out().print(text, soft_wrap=True)

@@ -31,6 +31,7 @@ def test_public_names_not_in_all_are_modules_only() -> None:
     assert extra <= {
         "annotations",
         "checkpoint",
+        "cli",
         "errors",
         "format",
         "state",

@@ -10,6 +10,8 @@ import statekeeper as sk
 SRC = Path(sk.__file__).parent
 
 EXPECTED = {
+    "AtSteps", "Checkpointer", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery",
+    "KeepLatest", "Mode", "RNGState", "Retention", "SavePolicy",
     "CheckpointInfo", "CorruptCheckpointError", "InjectedFailure", "InvalidArgumentError",
     "KeyMismatchError", "LoadStateError", "LocalStorage", "MemoryStorage", "RestoreInfo",
     "StatekeeperError", "StatekeeperWarning", "Stateful", "StepExistsError", "StepNotFoundError",

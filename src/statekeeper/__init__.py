@@ -4,9 +4,21 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from statekeeper.checkpoint.checkpointer import Checkpointer
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
 from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load, read
+from statekeeper.checkpoint.policies import (
+    AtSteps,
+    EverySeconds,
+    EverySteps,
+    KeepBest,
+    KeepEvery,
+    KeepLatest,
+    Mode,
+    Retention,
+    SavePolicy,
+)
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import (
     CorruptCheckpointError,
@@ -21,13 +33,25 @@ from statekeeper.errors import (
     UnsupportedValueError,
     WriterConflictError,
 )
+from statekeeper.state.rng import RNGState
 from statekeeper.stateful import Stateful, Value
 from statekeeper.storage.base import Storage, Transaction
 from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.memory import InjectedFailure, MemoryStorage
 
 __all__ = [
+    "AtSteps",
     "CheckpointInfo",
+    "Checkpointer",
+    "EverySeconds",
+    "EverySteps",
+    "KeepBest",
+    "KeepEvery",
+    "KeepLatest",
+    "Mode",
+    "RNGState",
+    "Retention",
+    "SavePolicy",
     "CorruptCheckpointError",
     "InjectedFailure",
     "InvalidArgumentError",

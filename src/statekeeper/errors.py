@@ -87,15 +87,23 @@ class KeyMismatchError(StatekeeperError, KeyError):
 class UnsupportedValueError(StatekeeperError, TypeError):
     """A value in the state cannot be stored without pickle."""
 
-    def __init__(self, key_path: str, value: object) -> None:
+    def __init__(self, key_path: str, value: object, what: str = "") -> None:
         self.key_path = key_path
         self.value_type = type(value)
-        super().__init__(
-            f"state at {key_path or '<root>'} holds a {type(value).__module__}."
-            f"{type(value).__qualname__}, which statekeeper cannot store without pickle. "
-            "Convert it to tensors, numbers, strings, bytes, lists, tuples or dicts in the "
-            "object's state_dict()."
-        )
+        where = f"state at {key_path or '<root>'}"
+        if what:
+            message = (
+                f"{where} holds {what}, which safetensors has no code for. Convert it in the "
+                "object's state_dict() (to a supported dtype, or .view() it as uint8 and store "
+                "the dtype's name beside it)."
+            )
+        else:
+            message = (
+                f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which "
+                "statekeeper cannot store without pickle. Convert it to tensors, numbers, "
+                "strings, bytes, lists, tuples or dicts in the object's state_dict()."
+            )
+        super().__init__(message)
 
 
 class StepNotFoundError(StatekeeperError, FileNotFoundError):

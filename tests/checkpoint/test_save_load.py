@@ -293,3 +293,33 @@ def test_bad_steps_are_rejected(tmp_path: Path, step: Any) -> None:
 def test_bad_state_names_are_rejected(tmp_path: Path, name: Any) -> None:
     with pytest.raises(sk.InvalidArgumentError, match="state name"):
         sk.save(tmp_path, {name: 1}, step=1)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.zeros(2, dtype=torch.complex128),
+        torch.zeros(2, dtype=torch.float8_e8m0fnu),
+    ],
+    ids=str,
+)
+def test_dtypes_safetensors_cannot_store_are_refused_before_writing(
+    tmp_path: Path, value: torch.Tensor
+) -> None:
+    with pytest.raises(sk.UnsupportedValueError, match=r"state at m/w holds tensors of dtype"):
+        sk.save(tmp_path, {"m": {"w": value}}, step=1)
+    assert sk.list_checkpoints(tmp_path) == [] and sk.list_partial(tmp_path) == []
+
+
+def test_retyped_views_of_one_storage_are_stored_separately(tmp_path: Path) -> None:
+    x = torch.arange(4.0)
+    state = {"a": x, "b": x.view(torch.int32)}
+    sk.save(tmp_path, state, step=1)
+    assert_state_equal(sk.read(tmp_path), state)
+
+
+def test_a_manifest_moved_to_another_step_directory_is_refused(tmp_path: Path) -> None:
+    sk.save(tmp_path, {"x": 1}, step=7)
+    (tmp_path / "step_000000007").rename(tmp_path / "step_000000008")
+    with pytest.raises(sk.CorruptCheckpointError, match="for step 7, not 8"):
+        sk.read(tmp_path)

@@ -13,6 +13,8 @@ from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.location import PathOrStorage, locate
 from statekeeper.checkpoint.reader import Progress, read_step
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
+from statekeeper.state.optimizer import parameter_names, to_positional
+from statekeeper.state.rng import RNGState
 from statekeeper.stateful import is_stateful
 
 __all__ = ["StatekeeperWarning", "Strict", "load", "read"]
@@ -148,7 +150,8 @@ def load(
 
     Every file is read and verified, and every key, shape and dtype is checked, before the
     first ``load_state_dict`` is called: a damaged checkpoint or a mismatch leaves the live
-    objects untouched. RNG-free: this loads exactly the entries of ``state``.
+    objects untouched. Optimizer state is matched to parameters by name; ``RNGState``
+    entries are restored last.
     """
     if not isinstance(strict, Strict):
         raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {strict!r}")
@@ -157,14 +160,21 @@ def load(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
         )
     verified = read_step(locate(directory, step), progress)
-    problems = _check(verified.state, state, strict)
+    prepared = dict(verified.state)
+    problems = _check(prepared, state, strict)
+    names = parameter_names(state)
+    for name, obj in state.items():
+        if name in prepared and isinstance(obj, torch.optim.Optimizer):
+            prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
+            problems += mismatches
     if problems:
         raise KeyMismatchError(problems)
     values: dict[str, Any] = {}
     replaced: list[str] = []
-    for name, obj in state.items():
-        if name in verified.state:
-            replaced += _apply(name, obj, verified.state[name], strict, values)
+    # RNG last: nothing loaded after it may draw from the generators it restores
+    for name in sorted(state, key=lambda n: isinstance(state[n], RNGState)):
+        if name in prepared:
+            replaced += _apply(name, state[name], prepared[name], strict, values)
     if replaced:
         warnings.warn(
             f"statekeeper: {len(replaced)} live tensor(s) overlapped themselves in memory (built "

@@ -102,6 +102,10 @@ def _load_tensors(
 def read_step(location: Location, progress: Progress | None = None) -> VerifiedStep:
     """Read, verify and decode one committed step; raises only statekeeper errors."""
     manifest = read_manifest(location)
+    if location.step >= 0 and manifest.step != location.step:
+        raise CorruptCheckpointError(
+            location.path(MANIFEST), f"manifest is for step {manifest.step}, not {location.step}"
+        )
     tensors = _load_tensors(location, manifest, progress)
 
     def lookup(name: str) -> torch.Tensor:

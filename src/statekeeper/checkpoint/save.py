@@ -18,11 +18,13 @@ from statekeeper.format.checksum import checksum
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, encode_shard, plan_shards
 from statekeeper.format.values import Json, encode_value
+from statekeeper.state.optimizer import parameter_names, to_named
+from statekeeper.state.rng import RNGState
 from statekeeper.state.tree import flatten
 from statekeeper.stateful import is_stateful
 from statekeeper.storage.base import Storage
 
-__all__ = ["capture", "save", "write_step"]
+__all__ = ["capture", "frozen_names", "save", "write_step"]
 
 
 def capture(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,18 +33,28 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidArgumentError(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
         )
-    captured: dict[str, Any] = {}
-    for name, obj in state.items():
+    for name in state:
         if not isinstance(name, str) or not name or name.startswith("$") or "/" in name:
             raise InvalidArgumentError(
                 f"state name {name!r} is not allowed: "
                 "use a non-empty str without '/' or a leading '$'"
             )
-        captured[name] = obj.state_dict() if is_stateful(obj) else obj
-    return captured
+    names = parameter_names(state)
+    captured: dict[str, Any] = {}
+    # RNG first: a state_dict() that draws random numbers must not change what is saved
+    for name in sorted(state, key=lambda n: not isinstance(state[n], RNGState)):
+        obj = state[name]
+        if isinstance(obj, torch.optim.Optimizer):
+            try:
+                captured[name] = to_named(name, obj, names)
+            except ValueError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+        else:
+            captured[name] = obj.state_dict() if is_stateful(obj) else obj
+    return {name: captured[name] for name in state}
 
 
-def _frozen_names(state: Mapping[str, Any]) -> set[str]:
+def frozen_names(state: Mapping[str, Any]) -> set[str]:
     """Tensor names of parameters that do not require grad (stored in shards of their own)."""
     names: set[str] = set()
     for name, obj in state.items():
@@ -160,7 +172,7 @@ def save(
             capture(state),
             step=step,
             metrics=metrics,
-            frozen=_frozen_names(state),
+            frozen=frozen_names(state),
             overwrite=overwrite,
             shard_bytes=shard_bytes,
         )

@@ -83,9 +83,12 @@ def plan_sharing(tensors: dict[str, torch.Tensor]) -> SharingPlan:
     stored: dict[str, torch.Tensor] = {}
     aliases: dict[str, Alias] = {}
     grouped = {m for members in leader.values() for m in members}
+    shared = {m for members in groups.values() if len(members) > 1 for m in members} - grouped
     for name, t in tensors.items():
         if name in leader:
             _plan_group(leader[name], tensors, stored, aliases)
+        elif name in shared:  # a re-typed view: its own copy (safetensors refuses shared memory)
+            stored[name] = t.clone()
         elif name not in grouped:
             stored[name] = t
     return SharingPlan(stored, aliases)

@@ -92,8 +92,9 @@ class Manifest:
             raise CorruptCheckpointError(
                 path, f"not a statekeeper manifest (format={body.get('format')!r})"
             )
-        if body.get("version") != VERSION:
-            raise UnsupportedFormatError(path, body.get("version"), [VERSION])
+        version = body.get("version")
+        if type(version) is not int or version != VERSION:
+            raise UnsupportedFormatError(path, version, [VERSION])
         _verify_self_checksum(path, text, body)
         try:
             return cls(

@@ -15,9 +15,14 @@ from dataclasses import dataclass
 import safetensors.torch
 import torch
 
-__all__ = ["Shard", "decode_shard", "dtype_name", "encode_shard", "plan_shards"]
+__all__ = ["SUPPORTED_DTYPES", "Shard", "decode_shard", "dtype_name", "encode_shard", "plan_shards"]
 
 DEFAULT_SHARD_BYTES = 1 << 30
+
+SUPPORTED_DTYPES: frozenset[torch.dtype] = frozenset(
+    d for d in safetensors.torch._TYPES.values() if isinstance(d, torch.dtype)
+)
+"""Dtypes that safetensors can both write and read back."""
 
 
 @dataclass(frozen=True)

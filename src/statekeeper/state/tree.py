@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from statekeeper.errors import UnsupportedValueError
+from statekeeper.format.tensors import SUPPORTED_DTYPES
 from statekeeper.format.values import Json, decode_value, encode_value
 
 __all__ = ["Flat", "flatten", "unflatten"]
@@ -41,10 +42,15 @@ def flatten(state: Mapping[str, Any], root: str = "") -> Flat:
             name = f"{path}~{n}"
         if isinstance(value, np.ndarray):
             try:
-                tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
+                tensor = torch.from_numpy(np.ascontiguousarray(value))
             except TypeError:
                 raise UnsupportedValueError(path, value) from None
+            if tensor.dtype not in SUPPORTED_DTYPES:
+                raise UnsupportedValueError(path, value, f"numpy arrays of dtype {value.dtype}")
+            tensors[name] = tensor
             return {"$ndarray": name}
+        if value.dtype not in SUPPORTED_DTYPES:
+            raise UnsupportedValueError(path, value, f"tensors of dtype {value.dtype}")
         tensors[name] = value.detach()
         return {"$tensor": name}
 

@@ -1,0 +1,175 @@
+"""``Checkpointer``: the training loop's handle on a run directory, a thin layer over save/load.
+
+It holds the run directory's writer lock from construction to :meth:`close`, adds every RNG
+to what is saved (under the name ``"rng"``), decides when to save (a :class:`SavePolicy`)
+and which steps to keep (a :class:`Retention`), and on resume removes interrupted saves and
+loads the newest step that is intact.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any
+
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.listing import list_checkpoints, list_partial
+from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load
+from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
+from statekeeper.checkpoint.policies import Retention, SavePolicy
+from statekeeper.checkpoint.save import capture, frozen_names, write_step
+from statekeeper.errors import (
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    StatekeeperError,
+    UnsupportedFormatError,
+)
+from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
+from statekeeper.state.rng import Generator, RNGState
+
+__all__ = ["RNG_ENTRY", "Checkpointer"]
+
+RNG_ENTRY = "rng"
+
+
+class Checkpointer:
+    """Save and resume a training run in ``directory``.
+
+    ``every`` decides when :meth:`maybe_save` saves; ``keep`` which committed steps survive
+    (None keeps all); ``generators`` are ``torch.Generator`` / ``numpy.random.Generator``
+    objects the run draws from besides the global ones, saved and restored by name.
+    """
+
+    def __init__(
+        self,
+        directory: PathOrStorage,
+        *,
+        keep: Retention | None = None,
+        every: SavePolicy | None = None,
+        generators: Mapping[str, Generator] | None = None,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if keep is not None and not isinstance(keep, Retention):
+            raise InvalidArgumentError(
+                f"keep must be a retention policy such as KeepLatest(3), got {keep!r}"
+            )
+        if every is not None and not isinstance(every, SavePolicy):
+            raise InvalidArgumentError(
+                f"every must be a save policy such as EverySteps(100), got {every!r}"
+            )
+        self.storage = resolve_storage(directory)
+        self.keep = keep
+        self.every = every
+        self.rng = RNGState(generators)
+        self._shard_bytes = shard_bytes
+        self._clock = clock
+        self._stack = ExitStack()
+        self._stack.enter_context(self.storage.writer_lock())
+        self._resumed_from: int | None = None
+        self._last_save = clock()
+        self._closed = False
+
+    def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        if RNG_ENTRY in state:
+            raise InvalidArgumentError(
+                f"the state name {RNG_ENTRY!r} is reserved for the Checkpointer's RNG state; "
+                "rename that entry"
+            )
+        return {**state, RNG_ENTRY: self.rng}
+
+    def restore_latest(
+        self, state: Mapping[str, Any], *, strict: Strict = Strict.EXACT
+    ) -> int | None:
+        """Load the newest intact step into ``state``; the step, or None when there is none.
+
+        Interrupted saves are removed first. A newest step that is damaged is skipped with a
+        ``StatekeeperWarning`` (an older intact one is loaded); key mismatches are errors.
+        """
+        self._check_open()
+        for partial in list_partial(self.storage):
+            self.storage.remove(partial.name)
+        full = self._with_rng(state)
+        for parsed in reversed(committed(self.storage)):
+            try:
+                info = load(self.storage, full, step=parsed.step, strict=strict)
+            except (CorruptCheckpointError, UnsupportedFormatError) as exc:
+                warnings.warn(
+                    f"statekeeper: skipping damaged step {parsed.step}: {exc}",
+                    StatekeeperWarning,
+                    stacklevel=2,
+                )
+                continue
+            self._resumed_from = info.step
+            self._last_save = self._clock()
+            return info.step
+        return None
+
+    def maybe_save(
+        self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
+    ) -> CheckpointInfo | None:
+        """Save when the ``every`` policy says so (and ``step`` is not committed yet)."""
+        if self.every is None:
+            raise InvalidArgumentError(
+                "maybe_save needs a save policy: Checkpointer(..., every=EverySteps(n))"
+            )
+        if not self.every.should_save(step, self._clock() - self._last_save):
+            return None
+        if any(p.step == step for p in committed(self.storage)):
+            return None
+        return self.save(step, state, metrics)
+
+    def save(
+        self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
+    ) -> CheckpointInfo:
+        """Save now (RNG included), then apply retention."""
+        self._check_open()
+        full = self._with_rng(state)
+        info = write_step(
+            self.storage,
+            capture(full),
+            step=step,
+            metrics=metrics,
+            frozen=frozen_names(full),
+            shard_bytes=self._shard_bytes,
+        )
+        self._last_save = self._clock()
+        self._retain(info.step)
+        return info
+
+    def _retain(self, newest: int) -> None:
+        if self.keep is None:
+            return
+        infos = list_checkpoints(self.storage)
+        readable = [i for i in infos if i.error is None]
+        keep = self.keep.keep(readable) | {newest, max(i.step for i in infos)}
+        if self._resumed_from is not None:
+            keep.add(self._resumed_from)
+        for info in readable:  # a step whose manifest cannot be read is never deleted
+            if info.step not in keep:
+                self.storage.remove(
+                    next(p.name for p in committed(self.storage) if p.step == info.step)
+                )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StatekeeperError("this Checkpointer is closed; create a new one")
+
+    def close(self) -> None:
+        """Release the run directory's writer lock (idempotent)."""
+        self._closed = True
+        self._stack.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,188 @@
+"""When to save, and which committed steps to keep: small frozen dataclasses composed with ``|``.
+
+Save policies answer ``should_save(step, seconds_since_last_save)``:
+``EverySteps(n)``, ``EverySeconds(s)``, ``AtSteps(...)``; ``a | b`` saves when either does.
+
+Retention policies answer ``keep(checkpoints) -> set of steps``:
+``KeepLatest(n)``, ``KeepBest(n, metric=..., mode=Mode.MIN)``, ``KeepEvery(n)``; ``a | b``
+keeps the union. The Checkpointer always keeps the newest committed step and the step the
+run resumed from, whatever the policy says, and applies retention only after a commit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.errors import InvalidArgumentError
+
+__all__ = [
+    "AtSteps", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery", "KeepLatest", "Mode",
+    "Retention", "SavePolicy",
+]  # fmt: skip
+
+
+def _positive_int(name: str, value: object) -> None:
+    if type(value) is not int or value < 1:
+        raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+
+
+class SavePolicy:
+    """Base of the save policies."""
+
+    def should_save(self, step: int, seconds_since_save: float) -> bool:
+        raise NotImplementedError
+
+    def __or__(self, other: SavePolicy) -> SavePolicy:
+        if not isinstance(other, SavePolicy):
+            return NotImplemented
+        return AnySave((*_parts(self), *_parts(other)))
+
+
+def _parts(policy: SavePolicy) -> tuple[SavePolicy, ...]:
+    return policy.policies if isinstance(policy, AnySave) else (policy,)
+
+
+@dataclass(frozen=True)
+class EverySteps(SavePolicy):
+    """Save when ``step`` is a multiple of ``n``."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _positive_int("EverySteps(n)", self.n)
+
+    def should_save(self, step: int, seconds_since_save: float) -> bool:
+        return step % self.n == 0
+
+
+@dataclass(frozen=True)
+class EverySeconds(SavePolicy):
+    """Save when at least ``seconds`` passed since the last save (or since the start)."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seconds, int | float) or not 0 < self.seconds < math.inf:
+            raise InvalidArgumentError(
+                f"EverySeconds needs a positive finite number, got {self.seconds!r}"
+            )
+
+    def should_save(self, step: int, seconds_since_save: float) -> bool:
+        return seconds_since_save >= self.seconds
+
+
+@dataclass(frozen=True)
+class AtSteps(SavePolicy):
+    """Save at exactly these steps."""
+
+    steps: frozenset[int]
+
+    def __init__(self, *steps: int) -> None:
+        for s in steps:
+            if type(s) is not int or s < 0:
+                raise InvalidArgumentError(f"AtSteps takes non-negative ints, got {s!r}")
+        object.__setattr__(self, "steps", frozenset(steps))
+
+    def should_save(self, step: int, seconds_since_save: float) -> bool:
+        return step in self.steps
+
+
+@dataclass(frozen=True)
+class AnySave(SavePolicy):
+    """Saves when any of its policies does (built by ``|``)."""
+
+    policies: tuple[SavePolicy, ...]
+
+    def should_save(self, step: int, seconds_since_save: float) -> bool:
+        return any(p.should_save(step, seconds_since_save) for p in self.policies)
+
+
+class Mode(StrEnum):
+    MIN = "min"
+    MAX = "max"
+
+
+class Retention:
+    """Base of the retention policies."""
+
+    def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
+        raise NotImplementedError
+
+    def __or__(self, other: Retention) -> Retention:
+        if not isinstance(other, Retention):
+            return NotImplemented
+        return KeepAny((*_kept(self), *_kept(other)))
+
+
+def _kept(policy: Retention) -> tuple[Retention, ...]:
+    return policy.policies if isinstance(policy, KeepAny) else (policy,)
+
+
+@dataclass(frozen=True)
+class KeepLatest(Retention):
+    """Keep the ``n`` newest steps."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _positive_int("KeepLatest(n)", self.n)
+
+    def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
+        return {c.step for c in sorted(checkpoints, key=lambda c: c.step)[-self.n :]}
+
+
+@dataclass(frozen=True)
+class KeepBest(Retention):
+    """Keep the ``n`` steps with the best ``metric`` (steps without it are not ranked)."""
+
+    n: int
+    metric: str
+    mode: Mode = Mode.MIN
+
+    def __post_init__(self) -> None:
+        _positive_int("KeepBest(n)", self.n)
+        if not isinstance(self.metric, str) or not self.metric:
+            raise InvalidArgumentError(f"KeepBest needs a metric name, got {self.metric!r}")
+        if not isinstance(self.mode, Mode):
+            raise InvalidArgumentError(
+                f"KeepBest mode must be Mode.MIN or Mode.MAX, got {self.mode!r}"
+            )
+
+    def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
+        ranked = [
+            c
+            for c in checkpoints
+            if isinstance(c.metrics.get(self.metric), int | float)
+            and not math.isnan(c.metrics[self.metric])
+        ]
+        sign = 1 if self.mode is Mode.MIN else -1
+        # ties go to the newer step
+        ranked.sort(key=lambda c: (sign * c.metrics[self.metric], -c.step))
+        return {c.step for c in ranked[: self.n]}
+
+
+@dataclass(frozen=True)
+class KeepEvery(Retention):
+    """Keep every step that is a multiple of ``n`` (milestones)."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _positive_int("KeepEvery(n)", self.n)
+
+    def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
+        return {c.step for c in checkpoints if c.step % self.n == 0}
+
+
+@dataclass(frozen=True)
+class KeepAny(Retention):
+    """Keeps what any of its policies keeps (built by ``|``)."""
+
+    policies: tuple[Retention, ...]
+
+    def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
+        return set().union(*(p.keep(checkpoints) for p in self.policies))

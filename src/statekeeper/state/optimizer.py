@@ -1,0 +1,127 @@
+"""Optimizer state keyed by parameter name instead of position.
+
+``Optimizer.state_dict()`` numbers parameters by their position in the param groups. The
+position depends on the order the parameters were registered in, which can differ between
+processes (a model that registers parameters while iterating a ``set``). statekeeper stores
+
+``{"by_name": 1, "state": {name: {...}}, "param_groups": [{..., "params": [names]}],
+"shapes": {name: [dims]}}``
+
+where ``name`` is ``"<entry>/<parameter name>"`` of a module in the same state
+(``"model/encoder.layers.0.weight"``). On load the names are mapped to the live optimizer's
+parameters; every unknown name, missing name or shape change is reported together.
+
+Only plain ``torch.optim.Optimizer`` state goes through here; sharded models use
+``torch.distributed.checkpoint`` (see the distributed package).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["is_named_state", "parameter_names", "to_named", "to_positional"]
+
+_MARK = "by_name"
+
+
+def parameter_names(state: Mapping[str, Any]) -> dict[int, str]:
+    """``id(parameter) -> "entry/name"`` over every module in ``state`` (first name wins)."""
+    names: dict[int, str] = {}
+    for entry, obj in state.items():
+        if isinstance(obj, torch.nn.Module):
+            for pname, param in obj.named_parameters():
+                names.setdefault(id(param), f"{entry}/{pname}")
+    return names
+
+
+def _positions(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def to_named(
+    entry: str, optimizer: torch.optim.Optimizer, names: Mapping[int, str]
+) -> dict[str, Any]:
+    """The optimizer's state_dict with every parameter index replaced by its name.
+
+    Raises ``ValueError`` when a parameter belongs to no module of the state.
+    """
+    params = _positions(optimizer)
+    unknown = [
+        f"group {gi} parameter {i} (shape {tuple(p.shape)})"
+        for gi, g in enumerate(optimizer.param_groups)
+        for i, p in enumerate(g["params"])
+        if id(p) not in names
+    ]
+    if unknown:
+        raise ValueError(
+            f"optimizer {entry!r} holds parameters of no module in the state: "
+            f"{', '.join(unknown[:5])}. "
+            "Put the module that owns them in the same state, so its state can be keyed by name."
+        )
+    sd = optimizer.state_dict()
+    by_index = {i: names[id(p)] for i, p in enumerate(params)}
+    groups = []
+    for group in sd["param_groups"]:
+        groups.append({**group, "params": [by_index[i] for i in group["params"]]})
+    return {
+        _MARK: 1,
+        "state": {by_index[i]: s for i, s in sd["state"].items()},
+        "param_groups": groups,
+        "shapes": {by_index[i]: list(p.shape) for i, p in enumerate(params)},
+    }
+
+
+def is_named_state(value: object) -> bool:
+    return isinstance(value, Mapping) and value.get(_MARK) == 1
+
+
+def to_positional(
+    entry: str, saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, names: Mapping[int, str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The positional state_dict for the live ``optimizer`` and the list of mismatches.
+
+    Pure: nothing is loaded. An empty mismatch list means the result is safe to load.
+    """
+    problems: list[str] = []
+    if not is_named_state(saved):
+        return {}, [f"{entry}: checkpoint holds no name-keyed optimizer state"]
+    saved_groups = list(saved["param_groups"])
+    live_groups = optimizer.param_groups
+    if len(saved_groups) != len(live_groups):
+        problems.append(
+            f"{entry}: {len(saved_groups)} param group(s) in checkpoint, {len(live_groups)} live"
+        )
+        return {}, problems
+    shapes = dict(saved["shapes"])
+    state: dict[int, Any] = {}
+    groups = []
+    index = 0
+    for gi, (sg, lg) in enumerate(zip(saved_groups, live_groups, strict=True)):
+        live_names = [names.get(id(p), "") for p in lg["params"]]
+        saved_names = set(sg["params"])
+        for name in sorted(saved_names - set(live_names)):
+            problems.append(
+                f"{entry}/{name}: in checkpoint group {gi}, not in the live optimizer's"
+            )
+        positions = []
+        for p, name in zip(lg["params"], live_names, strict=True):
+            if not name:
+                problems.append(
+                    f"{entry}: live group {gi} holds a parameter of no module in the state"
+                )
+            elif name not in saved_names:
+                problems.append(f"{entry}/{name}: missing from checkpoint group {gi}")
+            elif list(shapes.get(name, [])) != list(p.shape):
+                problems.append(
+                    f"{entry}/{name}: shape {tuple(shapes.get(name, []))} in checkpoint, "
+                    f"{tuple(p.shape)} live"
+                )
+            elif name in saved["state"]:
+                state[index] = saved["state"][name]
+            positions.append(index)
+            index += 1
+        groups.append({**sg, "params": positions})
+    return {"state": state, "param_groups": groups}, problems

@@ -1,0 +1,89 @@
+"""Every random number generator a run draws from, as one Stateful.
+
+Captured: Python's ``random``, numpy's global ``RandomState``, torch's CPU generator, the
+generator of every CUDA device (when CUDA is initialized), and the ``torch.Generator`` /
+``numpy.random.Generator`` objects registered by name. ``save`` calls this object's
+``state_dict()`` before any other entry's (a ``state_dict()`` that draws random numbers must
+not change the run) and ``load`` restores it after every other entry.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.errors import KeyMismatchError
+
+__all__ = ["RNGState"]
+
+Generator = torch.Generator | np.random.Generator
+
+
+def _cuda_in_use() -> bool:
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+class RNGState:
+    """The state of all global generators plus the ``generators`` registered by name."""
+
+    def __init__(self, generators: Mapping[str, Generator] | None = None) -> None:
+        self.generators = dict(generators or {})
+        for name, gen in self.generators.items():
+            if not isinstance(gen, torch.Generator | np.random.Generator):
+                raise TypeError(
+                    f"generator {name!r} is a {type(gen).__name__}; register torch.Generator or "
+                    "numpy.random.Generator objects"
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if _cuda_in_use() else [],
+            "generators": {},
+        }
+        for name, gen in self.generators.items():
+            if isinstance(gen, torch.Generator):
+                state["generators"][name] = {"torch": gen.get_state(), "device": str(gen.device)}
+            else:
+                state["generators"][name] = {"numpy": gen.bit_generator.state}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], /) -> None:
+        saved = dict(state.get("generators", {}))
+        problems = [
+            f"rng/generators/{n}: missing from the checkpoint"
+            for n in self.generators
+            if n not in saved
+        ]
+        problems += [
+            f"rng/generators/{n}: in the checkpoint but not registered"
+            for n in saved
+            if n not in self.generators
+        ]
+        cuda = list(state.get("cuda", []))
+        if cuda and torch.cuda.is_available() and len(cuda) != torch.cuda.device_count():
+            problems.append(
+                f"rng/cuda: {len(cuda)} CUDA generator state(s) saved, "
+                f"{torch.cuda.device_count()} device(s) here"
+            )
+        if problems:
+            raise KeyMismatchError(
+                problems, "Register the same generators, by name, as the run that saved."
+            )
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(cuda)
+        for name, gen in self.generators.items():
+            entry = saved[name]
+            if isinstance(gen, torch.Generator):
+                gen.set_state(entry["torch"])
+            else:
+                gen.bit_generator.state = entry["numpy"]

@@ -13,6 +13,7 @@ from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.location import PathOrStorage, locate
 from statekeeper.checkpoint.reader import Progress, read_step
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
+from statekeeper.state.dataloader import prime_after_load
 from statekeeper.state.optimizer import parameter_names, to_positional
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import is_stateful
@@ -120,6 +121,7 @@ def _apply(name: str, obj: Any, value: Any, strict: Strict, values: dict[str, An
             obj.load_state_dict(value, strict=strict is Strict.EXACT)
         elif is_stateful(obj):
             obj.load_state_dict(value)
+            prime_after_load(obj)
         elif isinstance(obj, torch.Tensor):
             with torch.no_grad():
                 obj.copy_(value)

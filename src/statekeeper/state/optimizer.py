@@ -63,14 +63,13 @@ def to_named(
         )
     sd = optimizer.state_dict()
     by_index = {i: names[id(p)] for i, p in enumerate(params)}
-    groups = []
-    for group in sd["param_groups"]:
-        groups.append({**group, "params": [by_index[i] for i in group["params"]]})
+    # sorted by name: the same bytes whatever order this process registered parameters in
+    groups = [{**g, "params": sorted(by_index[i] for i in g["params"])} for g in sd["param_groups"]]
     return {
         _MARK: 1,
-        "state": {by_index[i]: s for i, s in sd["state"].items()},
+        "state": dict(sorted((by_index[i], s) for i, s in sd["state"].items())),
         "param_groups": groups,
-        "shapes": {by_index[i]: list(p.shape) for i, p in enumerate(params)},
+        "shapes": dict(sorted((by_index[i], list(p.shape)) for i, p in enumerate(params))),
     }
 
 

@@ -1,0 +1,204 @@
+"""Test helpers for users of statekeeper: prove that a training run resumes exactly.
+
+:func:`assert_resumes_exactly` runs a training run three times, each in a fresh process with
+its own ``PYTHONHASHSEED``:
+
+1. uninterrupted, ``steps`` steps;
+2. with a checkpoint saved after every step, SIGKILLed right after the save of step
+   ``stop_at`` (a hard stop, not a polite return);
+3. resumed from the newest checkpoint of (2) by a :class:`~statekeeper.Checkpointer`, to the end.
+
+Then every tensor and value of the final state of (1) and (3) (model, optimizer, scheduler,
+RNG, data loader, ...) must be bitwise equal; otherwise it fails naming the first differing key.
+
+``make_run`` must be a module-level function (the child processes import it by name) that
+builds everything from scratch, seeds included, and returns a :class:`Run`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.checkpoint.checkpointer import RNG_ENTRY, Checkpointer
+from statekeeper.checkpoint.load import read
+from statekeeper.checkpoint.policies import EverySteps
+from statekeeper.checkpoint.save import save
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.state.rng import Generator, RNGState
+
+__all__ = ["Run", "assert_resumes_exactly", "assert_state_equal", "first_difference"]
+
+
+@dataclass
+class Run:
+    """One training run: what is checkpointed, and how to do training step ``i`` (0-based)."""
+
+    state: dict[str, Any]
+    step: Callable[[int], None]
+    generators: Mapping[str, Generator] = field(default_factory=dict)
+
+
+def _reference(make_run: Callable[[], Run]) -> str:
+    module, qualname = getattr(make_run, "__module__", None), getattr(make_run, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname:
+        raise InvalidArgumentError(
+            f"make_run={make_run!r} must be a module-level function of an importable module, so "
+            "that a fresh process can import it by name"
+        )
+    return f"{module}:{qualname}"
+
+
+def _load_reference(ref: str) -> Callable[[], Run]:
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj  # type: ignore[no-any-return]
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The key path of the first difference between two states (bitwise for tensors), or None."""
+    where = path or "<root>"
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{where}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        return None if torch.equal(_raw(a), _raw(b)) else f"{where}: tensor values differ"
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        same = a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        return None if same else f"{where}: array values differ"
+    if type(a) is not type(b):
+        return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, Mapping):
+        if list(a) != list(b) and set(a) != set(b):
+            return f"{where}: keys differ ({sorted(map(str, set(a) ^ set(b)))[:5]})"
+        for key in a:
+            found = first_difference(a[key], b[key], f"{path}/{key}" if path else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(a, list | tuple):
+        if len(a) != len(b):
+            return f"{where}: length {len(a)} vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = first_difference(x, y, f"{path}/{i}" if path else str(i))
+            if found:
+                return found
+        return None
+    if isinstance(a, float) and a != a and b != b:
+        return None
+    return None if a == b else f"{where}: {a!r} vs {b!r}"
+
+
+def assert_state_equal(a: Any, b: Any) -> None:
+    """Assert two nested states are bitwise equal; the message names the first difference."""
+    found = first_difference(a, b)
+    if found:
+        raise AssertionError(f"states differ at {found}")
+
+
+def _child(ref: str, mode: str, run_dir: str, out_dir: str, steps: int, stop_at: int) -> None:
+    run = _load_reference(ref)()
+    start = 0
+    with Checkpointer(run_dir, every=EverySteps(1), generators=run.generators) as ckpt:
+        if mode == "resume":
+            start = ckpt.restore_latest(run.state) or 0
+        if mode == "stop" and stop_at == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        for i in range(start, steps):
+            run.step(i)
+            if mode == "stop":
+                ckpt.save(i + 1, run.state)
+                if i + 1 == stop_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+    save(out_dir, {**run.state, RNG_ENTRY: RNGState(run.generators)}, step=steps)
+
+
+def _spawn(args: list[str], hash_seed: int, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": str(hash_seed),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "statekeeper.testing", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_resumes_exactly(
+    make_run: Callable[[], Run],
+    *,
+    steps: int,
+    stop_at: int | Sequence[int],
+    workdir: str | os.PathLike[str] | None = None,
+    timeout: float = 600.0,
+) -> None:
+    """Fail unless a run killed at each ``stop_at`` and resumed ends bitwise equal to an
+    uninterrupted run of ``steps`` steps (see the module docstring)."""
+    ref = _reference(make_run)
+    stops = [stop_at] if isinstance(stop_at, int) else list(stop_at)
+    if (
+        type(steps) is not int
+        or steps < 1
+        or any(type(s) is not int or not 0 <= s <= steps for s in stops)
+    ):
+        raise InvalidArgumentError(
+            f"need steps >= 1 and 0 <= stop_at <= steps, got {steps}, {stop_at}"
+        )
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        root = Path(tmp)
+        full = _spawn(
+            [ref, "full", str(root / "unused"), str(root / "full"), str(steps), "0"], 1, timeout
+        )
+        if full.returncode != 0:
+            raise AssertionError(f"the uninterrupted run failed:\n{full.stderr[-4000:]}")
+        expected = read(root / "full")
+        for stop in stops:
+            run_dir, out = root / f"run-{stop}", root / f"resumed-{stop}"
+            stopped = _spawn(
+                [ref, "stop", str(run_dir), str(out), str(steps), str(stop)], 2, timeout
+            )
+            if stopped.returncode != -signal.SIGKILL:
+                raise AssertionError(
+                    f"the run to be stopped at step {stop} did not die by SIGKILL "
+                    f"(exit {stopped.returncode}):\n{stopped.stderr[-4000:]}"
+                )
+            resumed = _spawn(
+                [ref, "resume", str(run_dir), str(out), str(steps), str(stop)], 3, timeout
+            )
+            if resumed.returncode != 0:
+                raise AssertionError(
+                    f"the run resumed after step {stop} failed:\n{resumed.stderr[-4000:]}"
+                )
+            found = first_difference(expected, read(out))
+            if found:
+                raise AssertionError(
+                    f"killed after step {stop} and resumed, the run ends differently from the "
+                    f"uninterrupted one; first difference at {found}"
+                )
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))

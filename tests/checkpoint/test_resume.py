@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from tests.checkpoint import resume_runs as runs
 
 from statekeeper.testing import Run, assert_resumes_exactly
-from tests.checkpoint import resume_runs as runs
 
 STEPS = 7
 STOPS = (1, 4, STEPS)  # first step, mid-run, last step

@@ -10,9 +10,9 @@ import json
 import sys
 
 import torch
+from tests.checkpoint.resume_runs import SetOrder
 
 import statekeeper as sk
-from tests.checkpoint.resume_runs import SetOrder
 
 
 def moments(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[list[object]]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import trained
 
 import statekeeper as sk
-from tests.conftest import trained
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def test_parameters_across_several_modules_are_named_by_their_entry(tmp_path: Pa
 
 
 def test_a_parameter_outside_the_state_is_refused(tmp_path: Path) -> None:
-    model, opt = trained(0)
+    _, opt = trained(0)
     with pytest.raises(sk.InvalidArgumentError, match="holds parameters of no module in the state"):
         sk.save(tmp_path, {"opt": opt}, step=1)
 

@@ -95,6 +95,8 @@ def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> l
                 _check_tensor(f"{name}/{k}", saved_sd[k], live_sd[k], problems)
         elif isinstance(obj, torch.Tensor):
             _check_tensor(name, saved[name], obj, problems)
+        elif isinstance(obj, RNGState):
+            problems += obj.mismatches(saved[name], name)
     return problems
 
 

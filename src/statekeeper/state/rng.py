@@ -54,28 +54,37 @@ class RNGState:
                 state["generators"][name] = {"numpy": gen.bit_generator.state}
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any], /) -> None:
+    def mismatches(self, state: Mapping[str, Any], entry: str = "rng") -> list[str]:
+        """Every way ``state`` does not fit the registered generators (empty when it fits)."""
+        if not isinstance(state, Mapping) or not {"python", "numpy", "torch"} <= set(state):
+            return [f"{entry}: checkpoint holds no RNG state"]
         saved = dict(state.get("generators", {}))
         problems = [
-            f"rng/generators/{n}: missing from the checkpoint"
+            f"{entry}/generators/{n}: missing from the checkpoint"
             for n in self.generators
             if n not in saved
         ]
         problems += [
-            f"rng/generators/{n}: in the checkpoint but not registered"
+            f"{entry}/generators/{n}: in the checkpoint but not registered"
             for n in saved
             if n not in self.generators
         ]
         cuda = list(state.get("cuda", []))
         if cuda and torch.cuda.is_available() and len(cuda) != torch.cuda.device_count():
             problems.append(
-                f"rng/cuda: {len(cuda)} CUDA generator state(s) saved, "
+                f"{entry}/cuda: {len(cuda)} CUDA generator state(s) saved, "
                 f"{torch.cuda.device_count()} device(s) here"
             )
+        return problems
+
+    def load_state_dict(self, state: Mapping[str, Any], /) -> None:
+        problems = self.mismatches(state)
         if problems:
             raise KeyMismatchError(
                 problems, "Register the same generators, by name, as the run that saved."
             )
+        saved = dict(state.get("generators", {}))
+        cuda = list(state.get("cuda", []))
         random.setstate(state["python"])
         np.random.set_state(state["numpy"])
         torch.set_rng_state(state["torch"])

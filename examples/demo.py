@@ -1,102 +1,149 @@
-"""statekeeper demo: save a model, kill a save half-way, and show that nothing is lost.
+"""statekeeper demo: a training run is SIGKILLed mid-run, resumes, and ends bitwise identical.
 
-Run with ``scripts/demo`` (it sets up the virtual environment first). Steps:
+Run with ``scripts/demo`` (it sets up the virtual environment first). Three processes train
+the same model on synthetic data for 300 steps:
 
-1. train a small model and save two checkpoints (steps 100 and 200);
-2. start a save of step 300 in another process and SIGKILL it half-way through;
-3. show ``statekeeper ls`` (the interrupted save is flagged, never read), ``inspect`` and
-   ``verify``; load the newest checkpoint into fresh objects and compare bitwise.
+1. uninterrupted;
+2. with a Checkpointer saving every 25 steps, SIGKILLed at step 140 (mid-epoch, between saves);
+3. a new process (another PYTHONHASHSEED) that resumes from the newest checkpoint and finishes.
+
+Then the final states of 1 and 3 (model, optimizer, scheduler, data loader, every RNG) are
+compared bit for bit, and the run directory is listed with ``statekeeper ls``.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import warnings
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from torch import nn
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 import statekeeper as sk
+from statekeeper.testing import first_difference
 
-RUN_DIR = Path(__file__).resolve().parents[1] / "demo-run"
+ROOT = Path(__file__).resolve().parents[1] / "demo-run"
+STEPS, KILL_AT = 300, 140
+console = Console(stderr=False)
 
 
-def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+def build() -> dict[str, Any]:
+    """Everything the run needs, built from scratch and seeded."""
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 16), torch.randint(0, 4, (512,)))
+    loader = StatefulDataLoader(data, batch_size=32, shuffle=True)
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 4)
     )
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=20)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warmup, cosine], milestones=[20])
+    return {"model": model, "opt": opt, "sched": sched, "loader": loader}
 
 
-def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> float:
-    gen = torch.Generator().manual_seed(0)
-    loss = torch.tensor(0.0)
-    for _ in range(steps):
-        x = torch.randn(16, 32, generator=gen)
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return float(loss)
+def train(run_dir: Path, final_dir: Path, kill_at: int | None) -> None:
+    state = build()
+    model, opt, sched, loader = state["model"], state["opt"], state["sched"], state["loader"]
+    batches = None
+    # --- the statekeeper part: five lines in a plain training loop ---
+    keep = sk.KeepLatest(2) | sk.KeepBest(1, metric="loss")
+    with sk.Checkpointer(run_dir, every=sk.EverySteps(25), keep=keep) as ckpt:
+        start = ckpt.restore_latest(state) or 0
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+        ) as bar:
+            task = bar.add_task(f"  {run_dir.name:>13}", total=STEPS, completed=start, loss=0.0)
+            for step in range(start, STEPS):
+                if batches is None:
+                    batches = iter(loader)
+                try:
+                    x, y = next(batches)
+                except StopIteration:  # end of an epoch
+                    batches = iter(loader)
+                    x, y = next(batches)
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                bar.update(task, advance=1, loss=loss.item())
+                ckpt.maybe_save(step + 1, state, metrics={"loss": loss.item()})
+                if step + 1 == kill_at:
+                    bar.stop()
+                    console.print(
+                        f"  [red]kill -9[/red] at step {kill_at} (last save: step "
+                        f"{max(c.step for c in sk.list_checkpoints(run_dir))})"
+                    )
+                    os.kill(os.getpid(), signal.SIGKILL)
+        # the final state, RNG included, for the comparison
+        sk.save(final_dir, {**state, "rng": ckpt.rng}, step=STEPS)
 
 
-def big_save(directory: str) -> None:
-    """Child process: save a ~400 MB state slowly enough to be killed half-way."""
-    state = {f"layer{i}": torch.full((1024, 1024), float(i)) for i in range(100)}
-    sk.save(directory, {"model": state}, step=300, shard_bytes=8 << 20)
-
-
-def kill_half_way() -> None:
-    child = subprocess.Popen([sys.executable, __file__, "--child", str(RUN_DIR)])
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and child.poll() is None:
-        partial = [p for p in RUN_DIR.glob("step_000000300.partial-*") if p.is_dir()]
-        if partial and len(list(partial[0].glob("tensors-*"))) >= 10:
-            os.kill(child.pid, signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    child.wait()
-    print(f"\n$ kill -9 <saver>   (step 300 save killed half-way, exit code {child.returncode})")
-
-
-def cli(*args: str) -> None:
-    exe = Path(sys.executable).with_name("statekeeper")
-    print(f"\n$ statekeeper {' '.join(args)}", flush=True)
-    subprocess.run([str(exe), *args], check=False)
+def spawn(phase: str, run: str, hash_seed: int) -> int:
+    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+    args = [sys.executable, __file__, phase, str(ROOT / run), str(ROOT / f"{run}-final")]
+    return subprocess.run(args, env=env, check=False).returncode
 
 
 def main() -> int:
-    shutil.rmtree(RUN_DIR, ignore_errors=True)
-    model, opt = build(0)
-    for step in (100, 200):
-        loss = train(model, opt, 100)
-        info = sk.save(RUN_DIR, {"model": model, "opt": opt, "step": step}, step=step,
-                       metrics={"loss": loss})
-        print(f"saved step {step}: {info.bytes:,} bytes, loss {loss:.4f} -> {info.path}")
-    kill_half_way()
-    cli("ls", str(RUN_DIR))
-    cli("inspect", str(RUN_DIR))
-    cli("verify", str(RUN_DIR))
-    fresh_model, fresh_opt = build(1)
-    restored = sk.load(RUN_DIR, {"model": fresh_model, "opt": fresh_opt, "step": 0})
-    same = all(
-        torch.equal(a, b) for a, b in zip(model.state_dict().values(),
-                                          fresh_model.state_dict().values(), strict=True)
+    shutil.rmtree(ROOT, ignore_errors=True)
+    console.print(f"[bold]1. uninterrupted run[/bold] ({STEPS} steps)")
+    spawn("train", "uninterrupted", 1)
+    console.print(f"[bold]2. run killed at step {KILL_AT}[/bold]")
+    code = spawn("kill", "resumed", 2)
+    console.print(f"  process exit code {code} (SIGKILL)")
+    console.print("[bold]3. a new process resumes from the newest checkpoint[/bold]")
+    spawn("train", "resumed", 3)
+    a, b = sk.read(ROOT / "uninterrupted-final"), sk.read(ROOT / "resumed-final")
+    diff = first_difference(a, b)
+    tensors = sum(1 for _ in _tensors(a))
+    if diff is None:
+        console.print(
+            f"\n[bold green]bitwise identical[/bold green]: all {tensors} tensors and every "
+            "value of the final state (model, optimizer, scheduler, loader, RNG) match"
+        )
+    else:
+        console.print(f"\n[bold red]DIFFERENT[/bold red] at {diff}")
+    console.print(f"\n$ statekeeper ls {ROOT / 'resumed'}")
+    subprocess.run(
+        [str(Path(sys.executable).with_name("statekeeper")), "ls", str(ROOT / "resumed")],
+        check=False,
     )
-    print(f"\nloaded step {restored.step} (the newest committed one) into a fresh model: "
-          f"{'bitwise identical' if same else 'DIFFERENT'} to the model that saved it")
-    removed = sk.remove_partial(RUN_DIR)
-    print(f"removed the interrupted save: {', '.join(removed) or 'nothing'}")
-    return 0 if same and restored.step == 200 else 1
+    return 0 if diff is None else 1
+
+
+def _tensors(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from _tensors(v)
+    elif isinstance(tree, list | tuple):
+        for v in tree:
+            yield from _tensors(v)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        big_save(sys.argv[2])
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11
+    if len(sys.argv) == 4:
+        phase, run_dir, final_dir = sys.argv[1:]
+        train(Path(run_dir), Path(final_dir), KILL_AT if phase == "kill" else None)
         sys.exit(0)
     sys.exit(main())

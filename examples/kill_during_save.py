@@ -42,7 +42,7 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> flo
         loss.backward()
         opt.step()
         opt.zero_grad()
-    return float(loss)
+    return loss.item()
 
 
 def big_save(directory: str) -> None:

@@ -11,7 +11,8 @@ SRC = Path(sk.__file__).parent
 
 EXPECTED = {
     "AtSteps", "Checkpointer", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery",
-    "KeepLatest", "Mode", "RNGState", "Retention", "SavePolicy",
+    "KeepLatest", "Mode", "RNGState", "Retention", "SavePolicy", "ResumableBatchSampler",
+    "ResumableLoader", "ResumableSampler", "SeededDataset",
     "CheckpointInfo", "CorruptCheckpointError", "InjectedFailure", "InvalidArgumentError",
     "KeyMismatchError", "LoadStateError", "LocalStorage", "MemoryStorage", "RestoreInfo",
     "StatekeeperError", "StatekeeperWarning", "Stateful", "StepExistsError", "StepNotFoundError",
@@ -34,6 +35,8 @@ def test_public_names_not_in_all_are_modules_only() -> None:
         "annotations",
         "checkpoint",
         "cli",
+        "testing",
+        "data",
         "errors",
         "format",
         "state",

@@ -20,6 +20,9 @@ from statekeeper.checkpoint.policies import (
     SavePolicy,
 )
 from statekeeper.checkpoint.save import save
+from statekeeper.data.loader import ResumableLoader
+from statekeeper.data.sampler import ResumableBatchSampler, ResumableSampler
+from statekeeper.data.seeding import SeededDataset
 from statekeeper.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
@@ -50,8 +53,12 @@ __all__ = [
     "KeepLatest",
     "Mode",
     "RNGState",
+    "ResumableBatchSampler",
+    "ResumableLoader",
+    "ResumableSampler",
     "Retention",
     "SavePolicy",
+    "SeededDataset",
     "CorruptCheckpointError",
     "InjectedFailure",
     "InvalidArgumentError",

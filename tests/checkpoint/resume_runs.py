@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from statekeeper import ResumableLoader, ResumableSampler, SeededDataset
 from statekeeper.testing import Run
 
 
@@ -180,3 +181,32 @@ def set_order_adam() -> Run:
         opt.step()
 
     return Run({"model": model, "opt": opt}, step)
+
+
+class _Noisy(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Random augmentation inside __getitem__ (torch, numpy and python RNGs)."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(3)
+        self.x, self.y = torch.randn(22, 4, generator=gen), torch.randn(22, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return 22
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        noise = torch.randn(4) * 0.1 + float(np.random.rand()) * 0.01 + random.random() * 0.01
+        return self.x[i] + noise, self.y[i]
+
+
+def resumable_loader_augmenting() -> Run:
+    """A plain DataLoader (2 workers) over an augmenting dataset: 6 batches an epoch."""
+    _seed()
+    data = SeededDataset(_Noisy(), seed=11)
+    loader = ResumableLoader(
+        torch.utils.data.DataLoader(
+            data, batch_size=4, sampler=ResumableSampler(data, seed=5), num_workers=2
+        )
+    )
+    loop = _Loop(0)
+    loop.loader = loader  # type: ignore[assignment]
+    return Run({"model": loop.model, "opt": loop.opt, "loader": loader}, loop.step)

@@ -12,8 +12,8 @@ import torch
 from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.location import PathOrStorage, locate
 from statekeeper.checkpoint.reader import Progress, read_step
+from statekeeper.data.torchdata import is_stateful_dataloader, restore_loader
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
-from statekeeper.state.dataloader import prime_after_load
 from statekeeper.state.optimizer import parameter_names, to_positional
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import is_stateful
@@ -121,9 +121,10 @@ def _apply(name: str, obj: Any, value: Any, strict: Strict, values: dict[str, An
         if isinstance(obj, torch.nn.Module):
             replaced = _replace_overlapping(name, obj, set(value))
             obj.load_state_dict(value, strict=strict is Strict.EXACT)
+        elif is_stateful_dataloader(obj):
+            restore_loader(obj, value)
         elif is_stateful(obj):
             obj.load_state_dict(value)
-            prime_after_load(obj)
         elif isinstance(obj, torch.Tensor):
             with torch.no_grad():
                 obj.copy_(value)

@@ -12,6 +12,11 @@ from statekeeper import __version__
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage, validate_step
 from statekeeper.checkpoint.naming import step_entry
+from statekeeper.data.torchdata import (
+    capture_loader,
+    is_stateful_dataloader,
+    refuse_plain_dataloader,
+)
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.format.aliases import plan_sharing
 from statekeeper.format.checksum import checksum
@@ -44,11 +49,14 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
     # RNG first: a state_dict() that draws random numbers must not change what is saved
     for name in sorted(state, key=lambda n: not isinstance(state[n], RNGState)):
         obj = state[name]
+        refuse_plain_dataloader(name, obj)
         if isinstance(obj, torch.optim.Optimizer):
             try:
                 captured[name] = to_named(name, obj, names)
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from None
+        elif is_stateful_dataloader(obj):
+            captured[name] = capture_loader(name, obj)
         else:
             captured[name] = obj.state_dict() if is_stateful(obj) else obj
     return {name: captured[name] for name in state}

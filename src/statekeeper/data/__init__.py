@@ -1,0 +1,1 @@
+"""Exact data order on resume: resumable samplers, loaders and per-sample seeding."""

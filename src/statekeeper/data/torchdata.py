@@ -1,0 +1,105 @@
+"""Exact resume for torchdata's ``StatefulDataLoader``: what its own state_dict misses.
+
+Measured with torchdata 0.11: a ``StatefulDataLoader(shuffle=True, generator=g)`` restored
+from its own ``state_dict()`` continues the current epoch correctly, but shuffles every later
+epoch differently. Building an iterator draws the base seed from ``g`` after the epoch's
+permutation; the restore replays the permutation but not that draw, so ``g`` ends up one
+draw behind. And building the resumed iterator at all draws from the global generator.
+
+statekeeper stores, next to the loader's own state, the *current* states of the loader's
+and the sampler's generators, and restores in this order: ``load_state_dict``; build the
+resumed iterator now (through the loader's public ``state_dict()``, which hands exactly
+that iterator to the next ``iter(loader)``); set the generators to their saved states; and,
+last of all (in ``load``), the global RNG.
+
+Samplers whose iterators keep no state and draw a fresh permutation when re-created
+(``torch.utils.data.RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``)
+cannot resume the same order: saving such a loader is refused with the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from statekeeper.errors import InvalidArgumentError
+
+__all__ = ["capture_loader", "is_stateful_dataloader", "refuse_plain_dataloader", "restore_loader"]
+
+_MARK = "statekeeper_loader"
+_UNRESUMABLE = (
+    torch.utils.data.RandomSampler,
+    torch.utils.data.SubsetRandomSampler,
+    torch.utils.data.WeightedRandomSampler,
+)
+
+
+def is_stateful_dataloader(obj: object) -> bool:
+    return all(
+        hasattr(obj, a)
+        for a in ("next_iter_state", "_get_iterator", "_initial_iter_for_state_dict")
+    )
+
+
+def _sampler(loader: Any) -> Any:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+
+
+def _generators(loader: Any) -> dict[str, torch.Generator | None]:
+    own = getattr(loader, "generator", None)
+    sampler_gen = getattr(_sampler(loader), "generator", None)
+    return {
+        "loader": own if isinstance(own, torch.Generator) else None,
+        "sampler": sampler_gen
+        if isinstance(sampler_gen, torch.Generator) and sampler_gen is not own
+        else None,
+    }
+
+
+def refuse_plain_dataloader(name: str, obj: object) -> None:
+    """A plain DataLoader has no position to save: say how to get one."""
+    if isinstance(obj, torch.utils.data.DataLoader) and not is_stateful_dataloader(obj):
+        raise InvalidArgumentError(
+            f"state entry {name!r} is a torch.utils.data.DataLoader, which has no state: a resumed "
+            "run would start its epoch over. Wrap it: statekeeper.ResumableLoader(DataLoader(..., "
+            "sampler=statekeeper.ResumableSampler(dataset, seed=...))), or use torchdata's "
+            "StatefulDataLoader."
+        )
+
+
+def capture_loader(name: str, loader: Any) -> dict[str, Any]:
+    """The loader's own state plus its generators' current states; refuses what cannot resume."""
+    sampler = _sampler(loader)
+    if type(sampler) in _UNRESUMABLE:
+        raise InvalidArgumentError(
+            f"state entry {name!r}: a StatefulDataLoader sampling with torch's "
+            f"{type(sampler).__name__} cannot resume the same order (the sampler draws a new "
+            "permutation when re-created). Use shuffle=True with generator=..., torchdata's "
+            "stateful_dataloader.sampler.RandomSampler, or statekeeper.ResumableSampler."
+        )
+    own = loader.state_dict()  # first: before the first iter() this builds the iterator (draws)
+    generators = {
+        role: (None if g is None else g.get_state()) for role, g in _generators(loader).items()
+    }
+    return {_MARK: 1, "loader": own, "generators": generators}
+
+
+def restore_loader(loader: Any, saved: Mapping[str, Any]) -> None:
+    """Load, build the resumed iterator now, then put the generators where they were."""
+    if not (isinstance(saved, Mapping) and saved.get(_MARK) == 1):
+        raise ValueError("the checkpoint holds no statekeeper data-loader state for this loader")
+    loader.load_state_dict(saved["loader"])
+    if loader.next_iter_state is not None:
+        loader.state_dict()  # builds the resumed iterator; the next iter(loader) returns it
+    for role, gen in _generators(loader).items():
+        state = saved["generators"].get(role)
+        if (gen is None) != (state is None):
+            raise ValueError(
+                f"the {role} generator is {'missing' if gen is None else 'new'} "
+                "compared with the loader that saved"
+            )
+        if gen is not None:
+            gen.set_state(state)

@@ -160,3 +160,27 @@ def test_plain_torchdata_restore_loses_the_order_statekeeper_keeps(tmp_path: Pat
     ours = build()
     sk.load(tmp_path, {"loader": ours})
     assert epochs(ours, 8) == full[8:]
+
+
+def test_registering_the_loaders_own_generator_is_refused(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(1)
+    loader = StatefulDataLoader(range(8), shuffle=True, generator=gen)
+    with pytest.raises(sk.InvalidArgumentError, match="unregister it"):
+        sk.save(tmp_path, {"loader": loader, "rng": sk.RNGState({"data": gen})}, step=1)
+
+
+def test_seeded_dataset_restores_the_callers_generators() -> None:
+    class Draw(torch.utils.data.Dataset[float]):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> float:
+            return float(torch.rand(1))
+
+    data = sk.SeededDataset(Draw(), seed=4)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    first = [data[i] for i in range(3)]
+    assert torch.equal(torch.get_rng_state(), before)
+    assert [data[i] for i in range(3)] == first
+    assert len(set(first)) == 3

@@ -15,6 +15,7 @@ from statekeeper.checkpoint.naming import step_entry
 from statekeeper.data.torchdata import (
     capture_loader,
     is_stateful_dataloader,
+    loader_generators,
     refuse_plain_dataloader,
 )
 from statekeeper.errors import InvalidArgumentError, StepExistsError
@@ -45,6 +46,13 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
                 "use a non-empty str without '/' or a leading '$'"
             )
     names = parameter_names(state)
+    owned = loader_generators(state)
+    for obj in state.values():
+        if isinstance(obj, RNGState) and any(id(g) in owned for g in obj.generators.values()):
+            raise InvalidArgumentError(
+                "a generator registered with the RNG state is also a data loader's generator; "
+                "statekeeper saves it with the loader (in the right order): unregister it"
+            )
     captured: dict[str, Any] = {}
     # RNG first: a state_dict() that draws random numbers must not change what is saved
     for name in sorted(state, key=lambda n: not isinstance(state[n], RNGState)):

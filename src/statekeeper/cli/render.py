@@ -29,6 +29,7 @@ from rich.text import Text
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import ParsedEntry
 from statekeeper.checkpoint.reader import Progress as ProgressCallback
+from statekeeper.doctor.finding import Finding
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
 
 if TYPE_CHECKING:
@@ -291,3 +292,20 @@ def verify_summary(results: list[StepResult]) -> None:
             style="bold green",
         )
     _out().print(text, soft_wrap=True)
+
+
+def doctor_report(
+    factory: str, rules: list[tuple[str, str]], findings: list[Finding], as_json: bool
+) -> None:
+    """The doctor's findings, one block each, or JSON."""
+    if as_json:
+        emit_json({"target": factory, "rules": [{"id": i, "summary": s} for i, s in rules],
+                   "findings": [f.to_json() for f in findings]})  # fmt: skip
+        return
+    out = _out()
+    out.print(f"[bold]statekeeper doctor[/bold] {factory}: {len(rules)} rule(s) run")
+    for f in findings:
+        color = "red" if f.severity == "error" else "yellow"
+        out.print(f"[{color}]{f.rule} {f.severity}[/{color}] [bold]{f.where}[/bold]: {f.problem}")
+        out.print(f"  fix: {f.fix}")
+    out.print("no findings" if not findings else f"{len(findings)} finding(s)")

@@ -6,9 +6,9 @@ mid-epoch cannot put a worker's generator back where it was, and the next batche
 other workers anyway. :class:`SeededDataset` removes the dependency: before each
 ``__getitem__`` it seeds Python's ``random``, numpy's global generator and torch's CPU
 generator from ``(seed, epoch, index)``, and afterwards restores what they held, so the
-training loop's own random stream is untouched. The epoch comes from the
-:class:`~statekeeper.data.sampler.SampleIndex` a ``ResumableSampler`` yields (0 for a plain
-int index).
+training loop's own random stream is untouched (CUDA generators are never touched). The
+epoch comes from the :class:`~statekeeper.data.sampler.SampleIndex` a ``ResumableSampler``
+yields (0 for a plain int index).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class SeededDataset(torch.utils.data.Dataset[T], Generic[T]):
         saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # CPU only: CUDA streams are left alone
         try:
             return self.dataset[index]
         finally:

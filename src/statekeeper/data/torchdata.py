@@ -26,10 +26,17 @@ import torch
 
 from statekeeper.errors import InvalidArgumentError
 
-__all__ = ["capture_loader", "is_stateful_dataloader", "refuse_plain_dataloader", "restore_loader"]
+__all__ = [
+    "UNRESUMABLE_SAMPLERS",
+    "capture_loader",
+    "loader_generators",
+    "is_stateful_dataloader",
+    "refuse_plain_dataloader",
+    "restore_loader",
+]
 
 _MARK = "statekeeper_loader"
-_UNRESUMABLE = (
+UNRESUMABLE_SAMPLERS = (
     torch.utils.data.RandomSampler,
     torch.utils.data.SubsetRandomSampler,
     torch.utils.data.WeightedRandomSampler,
@@ -59,6 +66,17 @@ def _generators(loader: Any) -> dict[str, torch.Generator | None]:
     }
 
 
+def loader_generators(state: Mapping[str, Any]) -> set[int]:
+    """ids of the generators that StatefulDataLoader entries of ``state`` own."""
+    return {
+        id(g)
+        for obj in state.values()
+        if is_stateful_dataloader(obj)
+        for g in _generators(obj).values()
+        if g is not None
+    }
+
+
 def refuse_plain_dataloader(name: str, obj: object) -> None:
     """A plain DataLoader has no position to save: say how to get one."""
     if isinstance(obj, torch.utils.data.DataLoader) and not is_stateful_dataloader(obj):
@@ -73,7 +91,7 @@ def refuse_plain_dataloader(name: str, obj: object) -> None:
 def capture_loader(name: str, loader: Any) -> dict[str, Any]:
     """The loader's own state plus its generators' current states; refuses what cannot resume."""
     sampler = _sampler(loader)
-    if type(sampler) in _UNRESUMABLE:
+    if type(sampler) in UNRESUMABLE_SAMPLERS:
         raise InvalidArgumentError(
             f"state entry {name!r}: a StatefulDataLoader sampling with torch's "
             f"{type(sampler).__name__} cannot resume the same order (the sampler draws a new "

@@ -1,0 +1,40 @@
+"""statekeeper doctor MODULE:FUNCTION, human and --json."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from click.testing import CliRunner
+
+from statekeeper.cli.main import main
+
+
+def bad_state() -> dict[str, Any]:
+    return {"model": torch.nn.Linear(2, 2), "loader": torch.utils.data.DataLoader(range(4))}
+
+
+def good_model() -> torch.nn.Module:
+    return torch.nn.Linear(2, 2)
+
+
+def test_doctor_reports_findings_with_exit_1() -> None:
+    result = CliRunner().invoke(main, ["doctor", f"{__name__}:bad_state"])
+    assert result.exit_code == 1, result.output
+    assert "SK010 error loader" in " ".join(result.output.split())
+    assert "ResumableLoader" in result.output
+
+
+def test_doctor_json_and_clean_exit() -> None:
+    result = CliRunner().invoke(main, ["doctor", f"{__name__}:good_model", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["findings"] == []
+    assert {r["id"] for r in data["rules"]} >= {"SK010", "SK011", "SK012"}
+
+
+def test_doctor_bad_factory_exits_2() -> None:
+    for spec in ["nocolon", "no_such_module_xyz:f", f"{__name__}:missing"]:
+        result = CliRunner().invoke(main, ["doctor", spec])
+        assert result.exit_code == 2, (spec, result.output)

@@ -10,6 +10,8 @@ import statekeeper as sk
 SRC = Path(sk.__file__).parent
 
 EXPECTED = {
+    "EMA", "SWA", "AveragedModel", "AveragingRule", "BufferPolicy", "get_ema_avg_fn",
+    "get_ema_multi_avg_fn", "get_swa_avg_fn", "get_swa_multi_avg_fn", "update_bn",
     "AtSteps", "Checkpointer", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery",
     "KeepLatest", "Mode", "RNGState", "Retention", "SavePolicy", "ResumableBatchSampler",
     "ResumableLoader", "ResumableSampler", "SeededDataset",
@@ -17,8 +19,8 @@ EXPECTED = {
     "KeyMismatchError", "LoadStateError", "LocalStorage", "MemoryStorage", "RestoreInfo",
     "StatekeeperError", "StatekeeperWarning", "Stateful", "StepExistsError", "StepNotFoundError",
     "Storage", "StorageError", "Strict", "Transaction", "UnsupportedFormatError",
-    "UnsupportedValueError", "Value", "WriterConflictError", "__version__", "list_checkpoints",
-    "list_partial", "load", "read", "remove_partial", "save",
+    "UnsupportedValueError", "Value", "WriterConflictError", "__version__", "average_checkpoints",
+    "list_checkpoints", "list_partial", "load", "read", "remove_partial", "save",
 }  # fmt: skip
 
 
@@ -33,6 +35,7 @@ def test_public_names_not_in_all_are_modules_only() -> None:
     extra = {n for n in vars(sk) if not n.startswith("_") and n not in sk.__all__}
     assert extra <= {
         "annotations",
+        "averaging",
         "checkpoint",
         "cli",
         "testing",

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from statekeeper.averaging.averaged_model import AveragedModel, BufferPolicy
+from statekeeper.averaging.bn import update_bn
+from statekeeper.averaging.functions import (
+    get_ema_avg_fn,
+    get_ema_multi_avg_fn,
+    get_swa_avg_fn,
+    get_swa_multi_avg_fn,
+)
+from statekeeper.averaging.offline import average_checkpoints
+from statekeeper.averaging.rules import EMA, SWA, AveragingRule
 from statekeeper.checkpoint.checkpointer import Checkpointer
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
@@ -43,7 +53,12 @@ from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.memory import InjectedFailure, MemoryStorage
 
 __all__ = [
+    "EMA",
+    "SWA",
     "AtSteps",
+    "AveragedModel",
+    "AveragingRule",
+    "BufferPolicy",
     "CheckpointInfo",
     "Checkpointer",
     "EverySeconds",
@@ -81,10 +96,16 @@ __all__ = [
     "Value",
     "WriterConflictError",
     "__version__",
+    "get_ema_avg_fn",
+    "get_ema_multi_avg_fn",
+    "get_swa_avg_fn",
+    "get_swa_multi_avg_fn",
+    "average_checkpoints",
     "list_checkpoints",
     "list_partial",
     "load",
     "read",
     "remove_partial",
     "save",
+    "update_bn",
 ]

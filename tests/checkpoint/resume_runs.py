@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from statekeeper import ResumableLoader, ResumableSampler, SeededDataset
+from statekeeper import EMA, AveragedModel, ResumableLoader, ResumableSampler, SeededDataset
 from statekeeper.testing import Run
 
 
@@ -210,3 +210,23 @@ def resumable_loader_augmenting() -> Run:
     loop = _Loop(0)
     loop.loader = loader  # type: ignore[assignment]
     return Run({"model": loop.model, "opt": loop.opt, "loader": loader}, loop.step)
+
+
+def mlp_with_ema() -> Run:
+    """An MLP with BatchNorm, Adam, and an EMA of it with warmup (its counters are state)."""
+    _seed()
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ema = AveragedModel(
+        model, rule=EMA(0.9, warmup_power=0.75, update_after_step=1, every=2), use_buffers=True
+    )
+
+    def step(i: int) -> None:
+        x = torch.randn(6, 8)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ema.update_parameters(model)
+
+    return Run({"model": model, "opt": opt, "ema": ema}, step)

@@ -18,6 +18,7 @@ FAMILIES = [
     runs.transformer_dropout_adamw_warmup_cosine,
     runs.autocast_gradscaler,
     runs.set_order_adam,
+    runs.mlp_with_ema,
 ]
 
 

@@ -1,0 +1,161 @@
+"""``AveragedModel``: a drop-in for ``torch.optim.swa_utils.AveragedModel`` that gets state right.
+
+Same constructor, ``forward``, ``update_parameters``, ``.module``, ``.n_averaged`` and
+``state_dict``. What differs (see docs/averaging.md):
+
+- buffers follow an explicit :class:`BufferPolicy` (``use_buffers`` maps onto it); integer
+  and bool buffers are never averaged, always copied; non-persistent buffers follow it too;
+- tied parameters are updated once; the copy is matched to the source by name and shape at
+  every update, and a mismatch is an error naming the keys (never a ``zip`` truncation);
+- tensor lists are built once and updated with fused ``_foreach`` kernels, rebuilt only when
+  the source's tensors change; no host synchronisation per update;
+- rules (:class:`EMA` with warmup, :class:`SWA`) and their counters live in buffers, so a
+  resumed average is bitwise identical; ``averaged=`` avoids ``deepcopy``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from statekeeper.averaging.pairing import Pairing, pair_tensors
+from statekeeper.averaging.rules import SWA, AveragingRule
+from statekeeper.errors import InvalidArgumentError
+
+__all__ = ["AveragedModel", "BufferPolicy"]
+
+AvgFn = Callable[[Tensor, Tensor, Tensor | int], Tensor]
+MultiAvgFn = Callable[[list[Tensor], list[Tensor], Tensor | int], None]
+
+
+class BufferPolicy(StrEnum):
+    """What happens to the *floating-point* buffers of the average at each update."""
+
+    AVERAGE = "average"  # averaged like parameters (torch's use_buffers=True)
+    COPY = "copy"  # copied from the source model (torch's use_buffers=False)
+    IGNORE = "ignore"  # left alone (recompute them with update_bn)
+
+
+def _policy(use_buffers: bool, buffers: BufferPolicy | None) -> BufferPolicy:
+    if buffers is None:
+        return BufferPolicy.AVERAGE if use_buffers else BufferPolicy.COPY
+    if not isinstance(buffers, BufferPolicy):
+        raise InvalidArgumentError(f"buffers must be a statekeeper.BufferPolicy, got {buffers!r}")
+    if use_buffers and buffers is not BufferPolicy.AVERAGE:
+        raise InvalidArgumentError(
+            f"use_buffers=True conflicts with buffers={buffers}; pass one of them"
+        )
+    return buffers
+
+
+class AveragedModel(nn.Module):
+    """An EMA/SWA average of ``model``; see the module docstring for what it fixes."""
+
+    n_averaged: Tensor
+    n_calls: Tensor
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device: int | torch.device | str | None = None,
+        avg_fn: AvgFn | None = None,
+        multi_avg_fn: MultiAvgFn | None = None,
+        use_buffers: bool = False,
+        *,
+        buffers: BufferPolicy | None = None,
+        rule: AveragingRule | None = None,
+        averaged: nn.Module | Callable[[], nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        if rule is not None and (avg_fn is not None or multi_avg_fn is not None):
+            raise InvalidArgumentError("pass either rule= or avg_fn=/multi_avg_fn=, not both")
+        if rule is not None and not isinstance(rule, AveragingRule):
+            raise InvalidArgumentError(
+                f"rule must be statekeeper.EMA(...) or SWA(...), got {rule!r}"
+            )
+        self.buffer_policy = _policy(bool(use_buffers), buffers)
+        self.use_buffers = self.buffer_policy is BufferPolicy.AVERAGE
+        self.avg_fn = avg_fn
+        self.multi_avg_fn = multi_avg_fn
+        self.rule: AveragingRule = rule or SWA()
+        self.module = self._build(model, averaged)
+        if device is not None:
+            self.module = self.module.to(device)
+        self.register_buffer("n_averaged", torch.tensor(0, dtype=torch.long, device=device))
+        self.register_buffer("n_calls", torch.tensor(0, dtype=torch.long, device=device))
+        self._averaged = 0  # host mirrors of the two counters: no sync per update
+        self._calls = 0
+        self._pairing: Pairing | None = None
+
+    @staticmethod
+    def _build(model: nn.Module, averaged: nn.Module | Callable[[], nn.Module] | None) -> nn.Module:
+        if averaged is None:
+            return copy.deepcopy(model)
+        built = averaged if isinstance(averaged, nn.Module) else averaged()
+        if not isinstance(built, nn.Module):
+            raise InvalidArgumentError(
+                f"averaged= must be an nn.Module or a factory of one, got {built!r}"
+            )
+        if built is model:
+            raise InvalidArgumentError("averaged= must be a separate copy, not the model itself")
+        with torch.no_grad():  # validates names and shapes, then starts from the model's values
+            pair_tensors(built, model, average_buffers=True).copy_all()
+        return built
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def _pairs(self, model: nn.Module) -> Pairing:
+        if self._pairing is None or not self._pairing.still_matches(model):
+            self._pairing = pair_tensors(self.module, model, average_buffers=self.use_buffers)
+        return self._pairing
+
+    @torch.no_grad()
+    def update_parameters(self, model: nn.Module) -> None:
+        """Fold ``model``'s current weights into the average (and copy or skip buffers)."""
+        pairing = self._pairs(model)
+        call, self._calls = self._calls, self._calls + 1
+        self.n_calls.add_(1)
+        rule = self.rule
+        if call < rule.update_after_step:
+            pairing.copy_averaged()  # follow the model until averaging starts
+        elif (call - rule.update_after_step) % rule.every == 0:
+            self._average(pairing)
+            self._averaged += 1
+            self.n_averaged.add_(1)
+        if self.buffer_policy is not BufferPolicy.IGNORE:
+            pairing.copy_buffers(include_float=self.buffer_policy is BufferPolicy.COPY)
+
+    def _average(self, pairing: Pairing) -> None:
+        n = self._averaged
+        if n == 0:
+            pairing.copy_averaged()
+        elif self.multi_avg_fn is not None or self.avg_fn is not None:
+            count = self.n_averaged
+            for dst, src in pairing.groups():
+                if self.multi_avg_fn is not None:
+                    self.multi_avg_fn(dst, src, count.to(dst[0].device))
+                else:
+                    for d, s in zip(dst, src, strict=True):
+                        d.copy_(self.avg_fn(d, s, count.to(d.device)))  # type: ignore[misc]
+        else:
+            weight = self.rule.weight(n)
+            for dst, src in pairing.groups():
+                torch._foreach_lerp_(dst, src, weight)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._averaged = int(self.n_averaged.item())  # one sync, at load time only
+        self._calls = int(self.n_calls.item())
+        self._pairing = None
+        return result
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pairing"] = None  # holds references to the source model's tensors
+        return state

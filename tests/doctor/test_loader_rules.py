@@ -10,7 +10,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
 
 import statekeeper as sk
-from statekeeper.doctor.run import diagnose
+from statekeeper.doctor.run import run
 
 DATA = list(range(10))
 
@@ -24,7 +24,7 @@ class Noisy(torch.utils.data.Dataset[torch.Tensor]):
 
 
 def _rules(state: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(f.rule, f.where) for f in diagnose(state)]
+    return [(f.rule, f.where) for f in run(state).findings]
 
 
 def _resumable(dataset: Any = DATA, workers: int = 0) -> sk.ResumableLoader:
@@ -87,13 +87,13 @@ def test_loader_rules(state: dict[str, Any], expected: list[tuple[str, str]]) ->
 def test_findings_name_the_fix_and_leave_the_rng_alone() -> None:
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    findings = diagnose({"data": _resumable(Noisy(), workers=2)})
+    findings = run({"data": _resumable(Noisy(), workers=2)}).findings
     assert torch.equal(torch.get_rng_state(), before)
     assert "SeededDataset" in findings[0].fix
     assert findings[0].severity == "error"
 
 
 def test_a_model_factory_is_accepted() -> None:
-    assert diagnose(lambda: torch.nn.Linear(2, 2)) == []
-    with pytest.raises(sk.InvalidArgumentError, match=r"nn.Module or a training state"):
-        diagnose(lambda: 3)
+    assert run(lambda: torch.nn.Linear(2, 2)).findings == ()
+    with pytest.raises(sk.InvalidArgumentError, match=r"nn.Module or a dict"):
+        run(lambda: 3)

@@ -1,32 +1,77 @@
-"""The Rule extension point.
+"""The Rule extension point and the Target rules look at.
 
-A rule has an ``id`` (``SKnnn``), a one-line ``summary`` and ``check(target)``, which yields
-findings. Rules run in the order of :data:`statekeeper.doctor.rules.RULES`, each once per
-diagnosis, on the same :class:`Target`; a rule never writes to the user's run directory
-and restores any global state (RNG, modes) it touches.
+A rule has an ``id`` (``SKnnn``), a one-line ``summary``, the ``needs`` it has of the
+target, and ``check(target)``, which yields findings. Rules run in the order of
+:data:`statekeeper.doctor.rules.RULES`, each once per diagnosis, on the same
+:class:`Target`. A rule whose needs the target cannot meet is skipped, and the report says
+why. A rule never writes to the user's run directory, builds fresh instances through the
+factory instead of mutating the target's model where it can, and restores any global state
+it touches (RNG, train/eval mode, grad mode).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
-from statekeeper.doctor.finding import Finding
+import torch
 
-__all__ = ["Rule", "Target"]
+from statekeeper.doctor.finding import Finding, Severity
+
+__all__ = ["Need", "Rule", "Target"]
+
+
+class Need(StrEnum):
+    MODEL = "model"  # an nn.Module
+    INPUT = "example input"  # something to call the model with
+    FACTORY = "factory"  # a way to build fresh instances
+    SPEC = "importable factory"  # 'module:function', for rules that use subprocesses
 
 
 @dataclass(frozen=True)
 class Target:
-    """What is diagnosed: a training state (name -> object) and, when known, how to build it."""
+    """What is diagnosed. ``state`` holds every named object the factory returned."""
 
     state: Mapping[str, Any]
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    example_input: Any = None
     factory: Callable[[], Any] | None = None
+    spec: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def has(self, need: Need) -> bool:
+        return {
+            Need.MODEL: self.model is not None,
+            Need.INPUT: self.model is not None and self.example_input is not None,
+            Need.FACTORY: self.factory is not None,
+            Need.SPEC: self.spec is not None,
+        }[need]
+
+    def call(self, model: torch.nn.Module) -> Any:
+        """``model`` applied to the example input (a tuple is unpacked, a dict passed by name)."""
+        x = self.example_input() if callable(self.example_input) else self.example_input
+        if isinstance(x, tuple):
+            return model(*x)
+        if isinstance(x, dict):
+            return model(**x)
+        return model(x)
+
+    def fresh(self) -> Target:
+        """A target built anew by the factory (a fresh model, optimizer and input)."""
+        if self.factory is None:
+            raise ValueError("this target has no factory")
+        from statekeeper.doctor.target import build_target  # a cycle only at call time
+
+        return build_target(self.factory, spec=self.spec)
 
 
 class Rule(Protocol):
     id: str
     summary: str
+    severity: Severity
+    needs: frozenset[Need]
 
     def check(self, target: Target) -> Iterable[Finding]: ...

@@ -1,61 +1,52 @@
-"""Running every rule on a model or a training state."""
+"""Running every rule on a target: ``statekeeper.doctor.run``."""
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from statekeeper.doctor.finding import Finding
+from statekeeper.doctor.finding import Finding, Report
 from statekeeper.doctor.rule import Rule, Target
 from statekeeper.doctor.rules import RULES
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.doctor.target import build_target
 
-__all__ = ["diagnose", "load_factory"]
-
-
-def _as_state(built: Any) -> Mapping[str, Any]:
-    if isinstance(built, torch.nn.Module):
-        return {"model": built}
-    if isinstance(built, Mapping) and all(isinstance(k, str) for k in built):
-        return built
-    raise InvalidArgumentError(
-        f"the doctor diagnoses an nn.Module or a training state (a dict of names to objects), "
-        f"got {type(built).__name__}"
-    )
+__all__ = ["run"]
 
 
-def diagnose(target: Any, *, rules: tuple[Rule, ...] = RULES) -> list[Finding]:
-    """Every finding of every rule for ``target``: a module, a state, or a factory of either."""
-    factory: Callable[[], Any] | None = None
-    if callable(target) and not isinstance(target, torch.nn.Module):
-        factory = target
-        target = factory()
-    subject = Target(_as_state(target), factory)
-    return [finding for rule in rules for finding in rule.check(subject)]
+def _spec_of(factory: Callable[[], Any]) -> str | None:
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname:
+        return None
+    return f"{module}:{qualname}"
 
 
-def load_factory(spec: str) -> Callable[[], Any]:
-    """``"package.module:function"`` -> the function (the current directory is importable)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgumentError(
-            f"{spec!r}: name a factory as 'module:function' (e.g. train:build)"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgumentError(f"cannot import {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise InvalidArgumentError(f"{module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise InvalidArgumentError(f"{spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+def run(target: Any, *, rules: tuple[Rule, ...] = RULES, spec: str | None = None) -> Report:
+    """Diagnose a factory (preferred: rules can build fresh instances), a module or a state dict.
+
+    A factory returns an ``nn.Module`` or a dict with ``model``, optional ``optimizer`` and
+    ``example_input``, and other state entries. Returns a :class:`Report`.
+    """
+    start = time.perf_counter()
+    if isinstance(target, Target):
+        subject = target
+    elif callable(target) and not isinstance(target, torch.nn.Module):
+        subject = build_target(target, spec=spec or _spec_of(target))
+    else:
+        subject = build_target(lambda: target)
+        subject = Target(subject.state, subject.model, subject.optimizer, subject.example_input)
+    findings: list[Finding] = []
+    skipped: list[tuple[str, str]] = []
+    for rule in rules:
+        missing = [str(n) for n in sorted(rule.needs) if not subject.has(n)]
+        if missing:
+            skipped.append((rule.id, f"needs {', '.join(missing)}"))
+            continue
+        findings.extend(rule.check(subject))
+    if spec is None and callable(target) and not isinstance(target, torch.nn.Module):
+        spec = _spec_of(target)
+    name = spec or type(target).__name__
+    return Report(name, tuple(findings), tuple((r.id, r.summary) for r in rules),
+                  tuple(skipped), time.perf_counter() - start)  # fmt: skip

@@ -16,7 +16,7 @@ import torch
 
 from statekeeper.data.seeding import SeededDataset
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rule import Need, Target
 from statekeeper.doctor.rules._loaders import loaders
 from statekeeper.testing import first_difference
 
@@ -35,6 +35,8 @@ def _draws_random_numbers(dataset: Any) -> bool:
 class LoaderAugmentation:
     id = "SK012"
     summary = "random augmentation in workers is not reproducible after a mid-epoch resume"
+    severity = Severity.ERROR
+    needs: frozenset[Need] = frozenset()
 
     def check(self, target: Target) -> Iterator[Finding]:
         for name, _, loader in loaders(target.state):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from statekeeper.data.sampler import ResumableSampler
 from statekeeper.data.torchdata import UNRESUMABLE_SAMPLERS, is_stateful_dataloader
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rule import Need, Target
 from statekeeper.doctor.rules._loaders import loaders, sampler_of
 
 __all__ = ["LoaderPosition"]
@@ -22,6 +22,8 @@ __all__ = ["LoaderPosition"]
 class LoaderPosition:
     id = "SK010"
     summary = "data loader cannot resume its exact position"
+    severity = Severity.ERROR
+    needs: frozenset[Need] = frozenset()
 
     def check(self, target: Target) -> Iterator[Finding]:
         for name, obj, loader in loaders(target.state):

@@ -38,6 +38,7 @@ def test_public_names_not_in_all_are_modules_only() -> None:
         "averaging",
         "checkpoint",
         "cli",
+        "doctor",
         "testing",
         "data",
         "errors",

@@ -77,7 +77,7 @@ class KeyMismatchError(StatekeeperError, KeyError):
             "strict=Strict.ALLOW_MISSING / ALLOW_UNEXPECTED / PARTIAL to opt out of key checks."
         )
         count = len(self.problems)
-        self.message = f"{count} mismatch(es) between checkpoint and live state:\n  {lines}\n{fix}"
+        self.message = f"{count} mismatch(es):\n  {lines}\n{fix}"
         super().__init__(self.message)
 
     def __str__(self) -> str:  # KeyError would repr() the message

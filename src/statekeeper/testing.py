@@ -38,7 +38,13 @@ from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.state.rng import Generator, RNGState
 
-__all__ = ["Run", "assert_resumes_exactly", "assert_state_equal", "first_difference"]
+__all__ = [
+    "Run",
+    "assert_checkpoint_safe",
+    "assert_resumes_exactly",
+    "assert_state_equal",
+    "first_difference",
+]
 
 
 @dataclass
@@ -198,6 +204,24 @@ def assert_resumes_exactly(
                     f"killed after step {stop} and resumed, the run ends differently from the "
                     f"uninterrupted one; first difference at {found}"
                 )
+
+
+def assert_checkpoint_safe(factory: Callable[[], Any], *, allow: Sequence[str] = ()) -> None:
+    """Fail if ``statekeeper doctor`` finds an error or warning in what ``factory`` builds.
+
+    ``factory`` returns a model or a dict (``model``, ``optimizer``, ``example_input``...);
+    ``allow`` lists rule ids to accept (e.g. ``["SK003"]``). Info findings never fail.
+    """
+    from statekeeper.doctor.finding import Severity  # the doctor imports this module
+    from statekeeper.doctor.run import run
+
+    report = run(factory)
+    bad = [f for f in report.findings if f.severity is not Severity.INFO and f.rule not in allow]
+    if bad:
+        lines = "\n".join(
+            f"  {f.rule} {f.severity} {f.where} {f.tensor}: {f.problem} (fix: {f.fix})" for f in bad
+        )
+        raise AssertionError(f"statekeeper doctor found {len(bad)} hazard(s):\n{lines}")
 
 
 if __name__ == "__main__":

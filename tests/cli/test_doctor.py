@@ -19,9 +19,9 @@ def good_model() -> torch.nn.Module:
     return torch.nn.Linear(2, 2)
 
 
-def test_doctor_reports_findings_with_exit_1() -> None:
+def test_doctor_reports_findings_with_exit_2_for_errors() -> None:
     result = CliRunner().invoke(main, ["doctor", f"{__name__}:bad_state"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "SK010 error loader" in " ".join(result.output.split())
     assert "ResumableLoader" in result.output
 
@@ -34,7 +34,7 @@ def test_doctor_json_and_clean_exit() -> None:
     assert {r["id"] for r in data["rules"]} >= {"SK010", "SK011", "SK012"}
 
 
-def test_doctor_bad_factory_exits_2() -> None:
+def test_doctor_bad_factory_exits_3() -> None:
     for spec in ["nocolon", "no_such_module_xyz:f", f"{__name__}:missing"]:
         result = CliRunner().invoke(main, ["doctor", spec])
-        assert result.exit_code == 2, (spec, result.output)
+        assert result.exit_code == 3, (spec, result.output)

@@ -1,12 +1,13 @@
-"""``statekeeper doctor``: run every hazard rule on a model or training state."""
+"""``statekeeper doctor``: run every hazard rule on a model factory."""
 
 from __future__ import annotations
 
 import click
 
 from statekeeper.cli import render
-from statekeeper.doctor.rules import RULES
-from statekeeper.doctor.run import diagnose, load_factory
+from statekeeper.doctor.run import run
+from statekeeper.doctor.target import load_factory
+from statekeeper.errors import StatekeeperError
 
 __all__ = ["doctor"]
 
@@ -15,12 +16,16 @@ __all__ = ["doctor"]
 @click.argument("factory", metavar="MODULE:FUNCTION")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def doctor(factory: str, as_json: bool) -> None:
-    """Diagnose what MODULE:FUNCTION builds: an nn.Module or a training state (name -> object).
+    """Diagnose what MODULE:FUNCTION builds: a model, or a dict with model=, optimizer=,
+    example_input= and other training-state entries.
 
-    The function is called (the doctor runs your code, never touches your run directory).
-    Exit status: 0 no finding, 1 findings, 2 the factory could not be loaded or called.
+    The function is called (the doctor runs your code; it never touches a run directory).
+    Exit status: 0 clean, 1 warnings only, 2 errors, 3 the factory could not be loaded or run.
     """
-    with render.reported_errors():
-        findings = diagnose(load_factory(factory))
-    render.doctor_report(factory, [(r.id, r.summary) for r in RULES], findings, as_json)
-    raise click.exceptions.Exit(1 if findings else 0)
+    try:
+        report = run(load_factory(factory), spec=factory)
+    except StatekeeperError as exc:
+        render.error(str(exc))
+        raise click.exceptions.Exit(3) from None
+    render.doctor_report(report, as_json)
+    raise click.exceptions.Exit(report.exit_code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from statekeeper import __version__
+from statekeeper.cli.average import average
 from statekeeper.cli.doctor import doctor
 from statekeeper.cli.inspect import inspect
 from statekeeper.cli.ls import ls
@@ -25,4 +26,5 @@ def main() -> None:
 main.add_command(ls)
 main.add_command(inspect)
 main.add_command(verify)
+main.add_command(average)
 main.add_command(doctor)

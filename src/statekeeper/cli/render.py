@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeRemainingColumn,
@@ -29,7 +30,8 @@ from rich.text import Text
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import ParsedEntry
 from statekeeper.checkpoint.reader import Progress as ProgressCallback
-from statekeeper.doctor.finding import Finding
+from statekeeper.doctor.finding import Report as DoctorReport
+from statekeeper.doctor.finding import Severity
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ByteProgress",
+    "averaged",
     "emit_json",
     "error",
     "fail",
@@ -234,17 +237,17 @@ def inspection(report: Report) -> None:
 
 
 class ByteProgress:
-    """A transient progress bar over bytes on stderr; does nothing when disabled."""
+    """A transient progress bar over bytes (or counts) on stderr; does nothing when disabled."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, *, counts: bool = False) -> None:
         console = _err()
         self._progress: Progress | None = None
         if enabled and console.is_terminal:
             self._progress = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
-                DownloadColumn(binary_units=True),
-                TransferSpeedColumn(),
+                MofNCompleteColumn() if counts else DownloadColumn(binary_units=True),
+                *(() if counts else (TransferSpeedColumn(),)),
                 TimeRemainingColumn(),
                 console=console,
                 transient=True,
@@ -272,6 +275,17 @@ class ByteProgress:
         return update
 
 
+def averaged(summary: Mapping[str, Any]) -> None:
+    """``statekeeper average``: each input with its weight, then what was written."""
+    for path, weight in zip(summary["inputs"], summary["weights"], strict=True):
+        _out().print(Text(f"{weight:.4f}  {path}"), soft_wrap=True)
+    line = (
+        f"averaged {len(summary['inputs'])} checkpoint(s), {summary['tensors']} tensor(s) -> "
+        f"step {summary['step']}  {human_bytes(summary['bytes'])}  {summary['out']}"
+    )
+    _out().print(Text(line, style="bold green"), soft_wrap=True)
+
+
 def verify_step(result: StepResult) -> None:
     label = f"step {result.step if result.step is not None else '?'}"
     if result.ok:
@@ -294,18 +308,24 @@ def verify_summary(results: list[StepResult]) -> None:
     _out().print(text, soft_wrap=True)
 
 
-def doctor_report(
-    factory: str, rules: list[tuple[str, str]], findings: list[Finding], as_json: bool
-) -> None:
-    """The doctor's findings, one block each, or JSON."""
+def doctor_report(report: DoctorReport, as_json: bool) -> None:
+    """The doctor's findings grouped by severity, each with its fix; or JSON."""
     if as_json:
-        emit_json({"target": factory, "rules": [{"id": i, "summary": s} for i, s in rules],
-                   "findings": [f.to_json() for f in findings]})  # fmt: skip
+        emit_json(report.to_json())
         return
     out = _out()
-    out.print(f"[bold]statekeeper doctor[/bold] {factory}: {len(rules)} rule(s) run")
-    for f in findings:
-        color = "red" if f.severity == "error" else "yellow"
-        out.print(f"[{color}]{f.rule} {f.severity}[/{color}] [bold]{f.where}[/bold]: {f.problem}")
-        out.print(f"  fix: {f.fix}")
-    out.print("no findings" if not findings else f"{len(findings)} finding(s)")
+    out.print(f"[bold]statekeeper doctor[/bold] {report.target}: {len(report.rules)} rules, "
+              f"{report.seconds:.1f} s")  # fmt: skip
+    colors = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+    for severity, color in colors.items():
+        for f in report.by_severity(severity):
+            what = f" {f.tensor}" if f.tensor else ""
+            size = f" {tuple(f.shape)}" if f.shape is not None else ""
+            size += f" {human_bytes(f.bytes)}" if f.bytes is not None else ""
+            out.print(f"[{color}]{f.rule} {severity}[/{color}] [bold]{f.where}{what}[/bold]{size}")
+            out.print(f"  {f.problem}")
+            out.print(f"  fix: {f.fix}")
+    for rule, reason in report.skipped:
+        out.print(f"[dim]{rule} skipped: {reason}[/dim]")
+    counts = ", ".join(f"{len(report.by_severity(s))} {s}" for s in colors)
+    out.print("clean" if not report.findings else counts)

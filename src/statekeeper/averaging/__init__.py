@@ -1,0 +1,2 @@
+"""Averaged models: online EMA/SWA (``averaged_model``) and offline checkpoint averaging
+(``offline``)."""

@@ -323,3 +323,20 @@ def test_a_manifest_moved_to_another_step_directory_is_refused(tmp_path: Path) -
     (tmp_path / "step_000000007").rename(tmp_path / "step_000000008")
     with pytest.raises(sk.CorruptCheckpointError, match="for step 7, not 8"):
         sk.read(tmp_path)
+
+
+def test_wrapped_modules_save_and_load_without_prefixes(tmp_path: Path) -> None:
+    model = make_model(0)
+    compiled = torch.compile(model)  # never called: only the wrapper's keys matter
+    opt = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
+    sk.save(tmp_path, {"model": compiled, "opt": opt}, step=1)
+    saved = sk.read(tmp_path)
+    assert set(saved["model"]) == set(model.state_dict())
+    assert saved["opt"]["param_groups"][0]["params"][0] == "model/0.bias"
+    bare = make_model(1)
+    sk.load(tmp_path, {"model": bare, "opt": torch.optim.SGD(bare.parameters(), lr=0.1)})
+    assert_state_equal(bare.state_dict(), model.state_dict())
+    wrapped = torch.nn.DataParallel(make_model(2))
+    sk.load(tmp_path, {"model": wrapped, "opt": torch.optim.SGD(wrapped.parameters(), lr=0.1)})
+    assert_state_equal(wrapped.module.state_dict(), model.state_dict())

@@ -14,6 +14,7 @@ from statekeeper.checkpoint.location import PathOrStorage, locate
 from statekeeper.checkpoint.reader import Progress, read_step
 from statekeeper.data.torchdata import is_stateful_dataloader, restore_loader
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
+from statekeeper.state.modules import unwrap
 from statekeeper.state.optimizer import parameter_names, to_positional
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import is_stateful
@@ -74,7 +75,7 @@ def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> l
         if name not in saved:
             continue
         if isinstance(obj, torch.nn.Module):
-            live_sd = obj.state_dict()
+            live_sd = unwrap(obj).state_dict()
             saved_sd = saved[name]
             if not isinstance(saved_sd, Mapping):
                 problems.append(
@@ -119,8 +120,9 @@ def _apply(name: str, obj: Any, value: Any, strict: Strict, values: dict[str, An
     replaced: list[str] = []
     try:
         if isinstance(obj, torch.nn.Module):
-            replaced = _replace_overlapping(name, obj, set(value))
-            obj.load_state_dict(value, strict=strict is Strict.EXACT)
+            inner = unwrap(obj)
+            replaced = _replace_overlapping(name, inner, set(value))
+            inner.load_state_dict(value, strict=strict is Strict.EXACT)
         elif is_stateful_dataloader(obj):
             restore_loader(obj, value)
         elif is_stateful(obj):

@@ -24,6 +24,7 @@ from statekeeper.format.checksum import checksum
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, encode_shard, plan_shards
 from statekeeper.format.values import Json, encode_value
+from statekeeper.state.modules import unwrap
 from statekeeper.state.optimizer import parameter_names, to_named
 from statekeeper.state.rng import RNGState
 from statekeeper.state.tree import flatten
@@ -65,6 +66,8 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
                 raise InvalidArgumentError(str(exc)) from None
         elif is_stateful_dataloader(obj):
             captured[name] = capture_loader(name, obj)
+        elif isinstance(obj, torch.nn.Module):
+            captured[name] = unwrap(obj).state_dict()
         else:
             captured[name] = obj.state_dict() if is_stateful(obj) else obj
     return {name: captured[name] for name in state}
@@ -75,9 +78,8 @@ def frozen_names(state: Mapping[str, Any]) -> set[str]:
     names: set[str] = set()
     for name, obj in state.items():
         if isinstance(obj, torch.nn.Module):
-            names.update(
-                f"{name}/{p}" for p, param in obj.named_parameters() if not param.requires_grad
-            )
+            params = unwrap(obj).named_parameters()
+            names.update(f"{name}/{p}" for p, param in params if not param.requires_grad)
     return names
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from statekeeper.state.modules import unwrap
+
 __all__ = ["is_named_state", "parameter_names", "to_named", "to_positional"]
 
 _MARK = "by_name"
@@ -32,7 +34,7 @@ def parameter_names(state: Mapping[str, Any]) -> dict[int, str]:
     names: dict[int, str] = {}
     for entry, obj in state.items():
         if isinstance(obj, torch.nn.Module):
-            for pname, param in obj.named_parameters():
+            for pname, param in unwrap(obj).named_parameters():
                 names.setdefault(id(param), f"{entry}/{pname}")
     return names
 

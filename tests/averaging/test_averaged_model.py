@@ -247,3 +247,23 @@ def test_update_bn_matches_torch_and_restores_mode_and_momentum(
     torch.testing.assert_close(third[1].running_mean, ours[1].running_mean, rtol=0, atol=1e-6)
     with pytest.raises(sk.InvalidArgumentError, match="input_fn"):
         sk.update_bn(dicts, make())
+
+
+def test_follows_tensors_whose_data_is_swapped_or_converted() -> None:
+    model = nn.Linear(3, 3)
+    ema = sk.AveragedModel(model, rule=sk.EMA(0.5))
+    ema.update_parameters(model)
+    with torch.no_grad():
+        model.weight.data = torch.full_like(model.weight, 10.0)  # new storage, same Parameter
+    ema.update_parameters(model)
+    assert ema.module.weight.detach().mean().item() > 4.0
+    model.double()
+    ema.double()  # the copy's storage changes too: the pairing is rebuilt
+    with torch.no_grad():
+        model.weight.fill_(20.0)
+    ema.update_parameters(model)
+    assert ema.module.weight.dtype == torch.float64
+    assert ema.module.weight.detach().mean().item() > 10.0
+    model.weight = nn.Parameter(torch.zeros(3, 3, dtype=torch.float64))  # a new Parameter
+    ema.update_parameters(model)
+    assert ema.module.weight.detach().mean().item() < 10.0

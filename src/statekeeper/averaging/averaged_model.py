@@ -148,6 +148,10 @@ class AveragedModel(nn.Module):
             for dst, src in pairing.groups():
                 torch._foreach_lerp_(dst, src, weight)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> AveragedModel:
+        self._pairing = None  # .to() / .double() may give the copy's tensors new storage
+        return super()._apply(fn, recurse)  # type: ignore[no-untyped-call,no-any-return]
+
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._averaged = int(self.n_averaged.item())  # one sync, at load time only

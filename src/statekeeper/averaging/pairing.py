@@ -4,13 +4,18 @@ Parameters are taken with ``named_parameters()`` (a tied parameter appears once,
 updated once) and buffers with ``named_buffers()`` (persistent or not). Every name must
 exist on both sides with the same shape and dtype; otherwise ``KeyMismatchError`` lists
 every difference. The pairs are grouped by (device, dtype) for ``_foreach`` kernels and
-kept until the source's tensors change (checked by identity at each update).
+kept until the source's tensors change. The pairs hold the Parameter and buffer objects
+themselves (not detached views), so code that swaps a tensor's ``.data`` (``Module.to``,
+``.double()``) is followed; a replaced parameter or buffer object is detected by a check of
+the owning modules' slots at each update (a dict lookup per tensor, no module-tree walk).
+Submodules added to the source after the first update are not detected: build the average
+after the model is complete.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -22,8 +27,15 @@ __all__ = ["Pairing", "pair_tensors"]
 Group = tuple[list[Tensor], list[Tensor]]
 
 
-def _identity(model: nn.Module) -> list[int]:
-    return [id(t) for t in itertools.chain(model.parameters(), model.buffers())]
+Slot = tuple[dict[str, Any], str, Any]
+
+
+def _slots(model: nn.Module) -> list[Slot]:
+    slots: list[Slot] = []
+    for module in model.modules():
+        slots += [(module._parameters, k, t) for k, t in module._parameters.items()]
+        slots += [(module._buffers, k, t) for k, t in module._buffers.items()]
+    return slots
 
 
 def _group(pairs: list[tuple[Tensor, Tensor]]) -> list[Group]:
@@ -45,14 +57,14 @@ class Pairing:
         float_buffers: list[tuple[Tensor, Tensor]],
         exact_buffers: list[tuple[Tensor, Tensor]],
     ) -> None:
-        self._identity = _identity(source)
+        self._slots = _slots(source)
         self._averaged = _group(averaged)
         self._float_buffers = _group(float_buffers)
         self._exact_buffers = _group(exact_buffers)
         self._moves = any(d.device != s.device for d, s in averaged + float_buffers + exact_buffers)
 
     def still_matches(self, source: nn.Module) -> bool:
-        return _identity(source) == self._identity
+        return all(d.get(k) is t for d, k, t in self._slots)
 
     def _on_device(self, groups: list[Group]) -> Iterator[Group]:
         for dsts, srcs in groups:
@@ -100,7 +112,7 @@ def pair_tensors(averaged: nn.Module, source: nn.Module, *, average_buffers: boo
             if n not in dst_map
         ]
         for name in dst_map.keys() & src_map.keys():
-            dst, src = dst_map[name].detach(), src_map[name].detach()
+            dst, src = dst_map[name], src_map[name]
             if dst.shape != src.shape or dst.dtype != src.dtype:
                 problems.append(
                     f"{kind} {name}: {src.dtype}{tuple(src.shape)} in the model, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,3 +39,15 @@ def test_doctor_bad_factory_exits_3() -> None:
     for spec in ["nocolon", "no_such_module_xyz:f", f"{__name__}:missing"]:
         result = CliRunner().invoke(main, ["doctor", spec])
         assert result.exit_code == 3, (spec, result.output)
+
+
+def test_doctor_on_checkpoints(tmp_path: Path) -> None:
+    import statekeeper as sk
+
+    sk.save(tmp_path / "run", {"model": torch.nn.Linear(2, 2)}, step=1)
+    clean = CliRunner().invoke(main, ["doctor", str(tmp_path / "run"), "--json"])
+    assert clean.exit_code == 0, clean.output
+    torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
+    pickled = CliRunner().invoke(main, ["doctor", str(tmp_path / "weights.pt")])
+    assert pickled.exit_code == 2, pickled.output
+    assert "SK008" in pickled.output and "pickle" in pickled.output

@@ -1,0 +1,182 @@
+"""The doctor on a checkpoint on disk: ``check_checkpoint(path)``.
+
+A statekeeper step or run directory (the newest committed step) is read through its
+verified manifest only, no tensor is loaded: wrapper prefixes in tensor names (SK007
+WARNING) and tensors stored once and re-tied on load (SK007 INFO) are reported.
+
+Any other file is identified by its first bytes and, for a zip archive, by its member
+names; nothing in it is ever unpickled or executed. A ``torch.save`` file (a zip holding
+``data.pkl``, or a raw pickle starting with the PROTO opcode) is an SK008 ERROR; a
+``.safetensors`` file is safe (SK008 INFO), and its tensor names are checked for wrapper
+prefixes. A directory that holds no statekeeper step but such files has each of them checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from statekeeper.checkpoint.location import locate
+from statekeeper.checkpoint.reader import read_manifest
+from statekeeper.doctor.finding import Finding, Report, Severity
+from statekeeper.doctor.rules.pickle_values import PickleValues
+from statekeeper.doctor.rules.shared_storage import SharedStorage, module_of, wrapper_prefixes
+from statekeeper.doctor.rules.shared_storage import wrapper_text as _wrapper_text
+from statekeeper.errors import StepNotFoundError
+from statekeeper.format.manifest import MANIFEST, Manifest
+
+__all__ = ["check_checkpoint"]
+
+SK007, SK008 = SharedStorage.id, PickleValues.id
+RULES = ((SK007, SharedStorage.summary), (SK008, PickleValues.summary))
+FOREIGN_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors"})
+_MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
+SAFE = "safe format"
+PICKLE_PROBLEM = "this file is a pickle: loading it runs code from the file"
+PICKLE_FIX = (
+    "convert it once in a trusted environment and store it with statekeeper.save "
+    "(safetensors + JSON); never torch.load a file whose origin you do not trust"
+)
+
+
+def check_checkpoint(path: str, step: int | None = None) -> Report:
+    """Diagnose a checkpoint on disk without running anything from it.
+
+    Raises :class:`StepNotFoundError` when ``path`` does not exist, or is a directory that
+    holds neither a statekeeper step nor checkpoint files.
+    """
+    start = time.perf_counter()
+    p = Path(path)
+    if not p.exists():
+        raise StepNotFoundError(f"{path} does not exist; pass a checkpoint file or directory")
+    if p.is_file() and p.name == MANIFEST:
+        p = p.parent
+    skipped: tuple[tuple[str, str], ...] = ()
+    if p.is_dir():
+        try:
+            findings = list(_statekeeper(str(p), step))
+        except StepNotFoundError:
+            files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in FOREIGN_SUFFIXES)
+            if not files:
+                raise
+            findings = [f for file in files for f in _foreign(file, str(file.relative_to(p)))]
+    else:
+        findings = list(_foreign(p, p.name))
+        if not any(f.problem.startswith(SAFE) for f in findings):
+            skipped = ((SK007, "its tensor names cannot be read without running it"),)
+    return Report(path, tuple(findings), RULES, skipped, time.perf_counter() - start)
+
+
+def _itemsize(dtype: str) -> int | None:
+    found = getattr(torch, dtype, None)
+    return found.itemsize if isinstance(found, torch.dtype) else None
+
+
+def _statekeeper(path: str, step: int | None) -> Iterator[Finding]:
+    manifest = read_manifest(locate(path, step))
+    yield from _prefixes(list(manifest.tensors) + list(manifest.aliases))
+    yield from _aliases(manifest)
+
+
+def _aliases(manifest: Manifest) -> Iterator[Finding]:
+    for name, alias in sorted(manifest.aliases.items()):
+        base = manifest.tensors.get(alias.base)
+        size = None if base is None else _itemsize(base.dtype)
+        entry, _, key = name.partition("/")
+        yield Finding(
+            SK007, Severity.INFO, f"{entry}/{module_of(key)}" if key else entry,
+            f"shares storage with {alias.base}: stored once, re-tied on load", "nothing to do",
+            tensor=name, shape=alias.shape,
+            bytes=None if size is None else math.prod(alias.shape) * size,
+        )  # fmt: skip
+
+
+def _key_of(rest: str) -> str:
+    """The parameter-like part of a tensor name after its entry (``state/m/a.b/exp_avg``)."""
+    segments = rest.split("/")
+    dotted = [s for s in segments if "." in s]
+    return dotted[-1] if dotted else segments[-1]
+
+
+def _prefixes(names: list[str], what: str = "tensor names") -> Iterator[Finding]:
+    """One SK007 warning per (entry, wrapper prefix); names are ``entry/key`` or bare keys."""
+    by_entry: dict[str, list[str]] = {}
+    for name in names:
+        entry, sep, rest = name.partition("/")
+        by_entry.setdefault(entry if sep else "", []).append(_key_of(rest) if sep else name)
+    for entry, keys in by_entry.items():
+        for prefix, count in wrapper_prefixes(keys).items():
+            problem, fix = _wrapper_text(prefix, count, what)
+            fix += (
+                "; to use this file, strip the prefix from the keys once "
+                "(torch.nn.modules.utils.consume_prefix_in_state_dict_if_present) and re-save"
+            )
+            yield Finding(SK007, Severity.WARNING, entry or "<file>", problem, fix)
+
+
+def _foreign(path: Path, where: str) -> Iterator[Finding]:
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(16)
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                pickles = [n for n in archive.namelist() if n.endswith(".pkl")]
+        except (zipfile.BadZipFile, OSError):
+            pickles = []
+        if pickles:
+            yield Finding(
+                SK008, Severity.ERROR, where,
+                f"{PICKLE_PROBLEM} (a torch.save zip archive holding {pickles[0]})",
+                PICKLE_FIX, bytes=size,
+            )  # fmt: skip
+            return
+    elif len(head) >= 2 and head[0] == 0x80 and 1 <= head[1] <= 5:
+        yield Finding(
+            SK008, Severity.ERROR, where,
+            f"{PICKLE_PROBLEM} (pickle protocol {head[1]}, e.g. a legacy torch.save file)",
+            PICKLE_FIX, bytes=size,
+        )  # fmt: skip
+        return
+    names = _safetensors_names(path, head, size)
+    if names is not None:
+        yield Finding(
+            SK008, Severity.INFO, where,
+            f"{SAFE}: safetensors ({len(names)} tensors), loading it runs no code",
+            "nothing to do", bytes=size,
+        )  # fmt: skip
+        yield from (
+            Finding(f.rule, f.severity, where, f.problem, f.fix) for f in _prefixes(names)
+        )  # fmt: skip
+        return
+    yield Finding(
+        SK008, Severity.WARNING, where,
+        "neither a statekeeper checkpoint, a safetensors file nor a recognizable pickle: "
+        "the doctor cannot tell whether loading it runs code",
+        "store checkpoints with statekeeper.save, or tensors as .safetensors", bytes=size,
+    )  # fmt: skip
+
+
+def _safetensors_names(path: Path, head: bytes, size: int) -> list[str] | None:
+    """The tensor names of a safetensors file, or None if its header does not parse."""
+    if len(head) < 9:
+        return None
+    length = int.from_bytes(head[:8], "little")
+    if length > min(_MAX_HEADER, size - 8) or head[8:9] != b"{":
+        return None
+    with path.open("rb") as f:
+        f.seek(8)
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    return [k for k in header if k != "__metadata__"]

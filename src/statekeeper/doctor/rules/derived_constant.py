@@ -1,0 +1,159 @@
+"""SK003: a persistent buffer that is a constant derived in ``__init__``.
+
+A table computed in ``__init__`` (positional encodings, masks, frequency grids) and
+registered as a persistent buffer is saved in every checkpoint although the code rebuilds
+it: it bloats checkpoints, and loading an old checkpoint after the code changed the table
+either fails on the shape or silently restores the old values. Seen by building the model
+twice under different torch seeds (the buffer is identical, and equal to the target's) and
+running one training step on a fresh instance (the buffer does not change). BatchNorm's
+running statistics change in that step, its ``num_batches_tracked`` is skipped, and buffers
+that alias a parameter are left to the rules on shared storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from statekeeper.doctor.finding import Finding, Severity
+from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules.overlap import isolated_rng, module_path
+
+__all__ = ["DerivedConstant"]
+
+_SEEDS = (1, 2)
+
+
+def _persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Floating or integer persistent buffers that are not a parameter's alias."""
+    keys = model.state_dict(keep_vars=True).keys()
+    storages = {
+        p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
+    }
+    out = {}
+    for name, buf in model.named_buffers(remove_duplicate=False):
+        if (
+            name in keys
+            and name.rpartition(".")[2] != "num_batches_tracked"
+            and (buf.is_floating_point() or (not buf.is_complex() and buf.dtype != torch.bool))
+            and buf.numel() > 0
+            and buf.device.type != "meta"
+            and buf.untyped_storage().data_ptr() not in storages
+        ):
+            out[name] = buf
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    items = value.values() if isinstance(value, Mapping) else value
+    if isinstance(items, list | tuple | type({}.values())):
+        for item in items:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _seed(seed: int) -> None:
+    """Seed torch's CPU generator (and CUDA's once initialized: no lazily queued seeding)."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.manual_seed_all(seed)
+
+
+def _train_step(target: Target, model: torch.nn.Module) -> None:
+    """One forward/backward/SGD step in train mode; modes and grad mode restored after."""
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.train()
+        with torch.enable_grad():
+            out = _first_tensor(target.call(model))
+            if out is None:
+                return
+            loss = out.float().sum()
+            params = [p for p in model.parameters() if p.requires_grad]
+            if not loss.requires_grad or not params:
+                return
+            torch.autograd.backward(loss)
+            stepped = [p for p in params if p.grad is not None]
+            if stepped:
+                torch.optim.SGD(stepped, lr=1e-3).step()
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
+class DerivedConstant:
+    id = "SK003"
+    summary = "a persistent buffer is a constant rebuilt in __init__: it bloats checkpoints"
+    severity = Severity.WARNING
+    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY, Need.INPUT})
+
+    def check(self, target: Target) -> Iterator[Finding]:
+        assert target.model is not None
+        candidates = _persistent_buffers(target.model)
+        if not candidates:
+            return
+        builds: list[Target] = []
+        with isolated_rng():
+            for seed in _SEEDS:
+                _seed(seed)
+                builds.append(target.fresh())
+        models = [b.model for b in builds if b.model is not None]
+        if len(models) != len(builds):
+            return
+        first, second = (_persistent_buffers(m) for m in models)
+        constant = [
+            name
+            for name, buf in candidates.items()
+            if name in first
+            and name in second
+            and _same(buf, first[name])
+            and _same(first[name], second[name])
+        ]
+        if not constant:
+            return
+        before = {name: first[name].detach().clone() for name in constant}
+        try:
+            with isolated_rng():
+                _train_step(builds[0], models[0])
+        except Exception as exc:  # the user's forward: any failure makes the rule inconclusive
+            yield Finding(
+                self.id, Severity.INFO, "model",
+                f"inconclusive: {len(constant)} persistent buffer(s) are identical in every fresh "
+                f"build, but one training step on a fresh instance failed "
+                f"({type(exc).__name__}: {exc}), so they may still be state",
+                "check that the example input matches the model's forward",
+            )  # fmt: skip
+            return
+        after = _persistent_buffers(models[0])
+        for name in constant:
+            if name in after and not _same(before[name], after[name]):
+                continue
+            buf = candidates[name]
+            size = buf.numel() * buf.element_size()
+            yield Finding(
+                self.id,
+                Severity.WARNING,
+                module_path(name),
+                f"persistent buffer '{name}' ({size} bytes) is identical in fresh builds under "
+                f"torch seeds {_SEEDS[0]} and {_SEEDS[1]} and unchanged by a training step: a "
+                "constant rebuilt in __init__, yet saved in every checkpoint; loading an old "
+                "checkpoint after the code changes it fails or restores stale values",
+                f"register it with register_buffer('{name.rpartition('.')[2]}', tensor, "
+                f"persistent=False): it is rebuilt in __init__ and saving it wastes {size} bytes "
+                "per checkpoint",
+                tensor=name,
+                shape=tuple(buf.shape),
+                bytes=size,
+            )

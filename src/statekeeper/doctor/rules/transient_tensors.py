@@ -1,0 +1,158 @@
+"""SK004: transient tensors held on a module after forward (cached activations, temporaries).
+
+Seen on a fresh instance from the factory: every submodule's ``__dict__`` is recorded after
+``__init__``, one forward runs in train mode with grad enabled and one in eval mode under
+``no_grad``, and every tensor attribute (or list, tuple or dict of tensors, one level deep)
+that is neither a parameter nor a buffer and that the forward created or replaced is
+reported with its size. statekeeper does not save such tensors, but they keep memory (and
+possibly an autograd graph) alive between steps and bloat any whole-module pickle or
+``deepcopy``. Tensors set in ``__init__`` and left alone by forward are constants, SK003's
+business. Every RNG the forward or the factory draws from is restored afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from statekeeper.doctor.finding import Finding, Severity
+from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules.overlap import isolated_rng
+
+__all__ = ["TransientTensors"]
+
+_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks, training...
+
+
+def _tensors(value: Any) -> list[torch.Tensor] | None:
+    """The tensors of a tensor attribute or of a list/tuple/dict of tensors; None otherwise."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(value, list | tuple | dict):
+        found = [v for v in items if isinstance(v, torch.Tensor)]
+        return found or None
+    return None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    try:
+        return t.numel() * t.element_size()
+    except (RuntimeError, NotImplementedError):  # exotic subclasses
+        return 0
+
+
+@dataclass
+class _Held:
+    path: str
+    attr: str
+    kind: str
+    shape: tuple[int, ...] | None
+    bytes: int
+    graph: bool
+    phases: list[str]
+
+
+def _attributes(model: torch.nn.Module) -> dict[tuple[str, str], tuple[Any, list[torch.Tensor]]]:
+    """(module path, attribute) -> (the value, its tensors) for every tensor attribute."""
+    out: dict[tuple[str, str], tuple[Any, list[torch.Tensor]]] = {}
+    for path, module in model.named_modules():
+        for attr, value in vars(module).items():
+            tensors = None if attr in _INTERNALS else _tensors(value)
+            if tensors is not None:
+                out[path, attr] = (value, tensors)
+    return out
+
+
+def _changed(
+    before: dict[tuple[str, str], tuple[Any, list[torch.Tensor]]],
+    after: dict[tuple[str, str], tuple[Any, list[torch.Tensor]]],
+    owned: set[int],
+) -> Iterator[tuple[str, str, Any, list[torch.Tensor]]]:
+    """Attributes the forward created or replaced, with their tensors that are not state."""
+    for (path, attr), (value, tensors) in after.items():
+        old = before.get((path, attr))
+        if (
+            old is not None
+            and old[0] is value
+            and len(old[1]) == len(tensors)
+            and all(a is b for a, b in zip(old[1], tensors, strict=True))
+        ):
+            continue
+        loose = [t for t in tensors if id(t) not in owned]
+        if loose and sum(_nbytes(t) for t in loose) > 0:
+            yield path, attr, value, loose
+
+
+class TransientTensors:
+    id = "SK004"
+    summary = "tensors held on a module after forward"
+    severity = Severity.WARNING
+    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY, Need.INPUT})
+
+    def check(self, target: Target) -> Iterator[Finding]:
+        with isolated_rng():
+            fresh = target.fresh()
+            model = fresh.model
+            if model is None or model is target.model:
+                yield Finding(
+                    self.id, Severity.INFO, "model",
+                    "skipped: the factory did not build a new model instance",
+                    "make the factory return a new model on every call",
+                )  # fmt: skip
+                return
+            held = self._held(fresh, model)
+        for h in held.values():
+            graph = ", with the autograd graph behind it," if h.graph else ""
+            yield Finding(
+                self.id, self.severity, h.path or "model",
+                f"{h.kind} attribute '{h.attr}' is set by forward ({' and '.join(h.phases)} "
+                f"mode) and stays on the module{graph} holding memory between steps; it is "
+                "neither a parameter nor a buffer, so statekeeper does not save it, but it "
+                "bloats any whole-module pickle or deepcopy",
+                f"don't keep activations on self (return them), or `del self.{h.attr}` / set it "
+                "to None after use; if it is a real cache, "
+                f"register_buffer('{h.attr}', ..., persistent=False)",
+                tensor=h.attr, shape=h.shape, bytes=h.bytes,
+            )  # fmt: skip
+
+    def _held(self, fresh: Target, model: torch.nn.Module) -> dict[tuple[str, str], _Held]:
+        modes = {m: m.training for m in model.modules()}
+        held: dict[tuple[str, str], _Held] = {}
+        try:
+            for phase in ("train", "eval"):
+                before = _attributes(model)
+                model.train(phase == "train")
+                grad = torch.enable_grad() if phase == "train" else torch.no_grad()
+                try:
+                    with grad:
+                        fresh.call(model)
+                except Exception:  # e.g. BatchNorm on a batch of one: only eval can run
+                    if phase == "train":
+                        continue
+                    raise
+                owned = {id(t) for t in model.parameters()} | {id(b) for b in model.buffers()}
+                for path, attr, value, loose in _changed(before, _attributes(model), owned):
+                    size = sum(_nbytes(t) for t in loose)
+                    if (path, attr) in held:  # seen in train mode: keep what eval left behind
+                        seen = held[path, attr]
+                        seen.phases.append(phase)
+                        seen.bytes = max(seen.bytes, size)
+                        seen.shape = tuple(loose[0].shape) if seen.shape is not None else None
+                        continue
+                    one = isinstance(value, torch.Tensor)
+                    held[path, attr] = _Held(
+                        path, attr,
+                        "tensor" if one else f"{type(value).__name__}-of-tensors",
+                        tuple(loose[0].shape) if one else None,
+                        size,
+                        any(t.grad_fn is not None for t in loose),
+                        [phase],
+                    )  # fmt: skip
+        finally:
+            for m, training in modes.items():
+                m.training = training
+        return held

@@ -1,0 +1,231 @@
+"""SK006: state that the state_dict does not capture.
+
+Seen by a transplant: instance A is built with every RNG seeded 1, instance B with every RNG
+seeded 2; each runs the same train-mode forward (so lazily built state exists) and is put
+in eval mode, then B loads A's state_dict. Both compute the example input in eval mode under
+``no_grad`` with the same seed, so randomness in the forward is equal. If the outputs differ,
+A holds state its state_dict leaves out: a restored run would compute something else. The
+attributes that differ between A and B (tensors, numbers, lists of them, generators) that
+are neither parameters nor buffers are named as the probable culprits. If the same state
+gives different outputs under the same seed, the output is nondeterministic and the rule
+says so instead. Every RNG the factory or the forwards draw from is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.doctor.finding import Finding, Severity
+from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules.overlap import isolated_rng
+
+__all__ = ["UncapturedState"]
+
+_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks, training...
+_CALL_SEED = 3
+_MAX_SUSPECTS = 8
+
+
+def _seed(seed: int) -> None:
+    """Seed every global RNG (CUDA's only once initialized: no lazily queued seeding)."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.manual_seed_all(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _leaves(out: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
+    """Every leaf of an output structure (tensors copied, so later calls cannot change them)."""
+    if isinstance(out, torch.Tensor):
+        yield path, out.detach().clone()
+    elif isinstance(out, Mapping):
+        for k, v in out.items():
+            yield from _leaves(v, f"{path}[{k!r}]")
+    elif isinstance(out, list | tuple):
+        for i, v in enumerate(out):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            return False
+        if a.is_floating_point() or a.is_complex():
+            return bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
+        return bool(torch.equal(a, b))
+    if isinstance(a, torch.Generator):
+        return isinstance(b, torch.Generator) and torch.equal(a.get_state(), b.get_state())
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    if isinstance(a, Mapping):
+        return isinstance(b, Mapping) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # both nan
+    try:
+        return bool(a == b)
+    except Exception:  # comparisons that do not reduce to a bool
+        return a is b
+
+
+def _first_difference(
+    a: list[tuple[str, Any]], b: list[tuple[str, Any]]
+) -> tuple[str, Any, Any] | None:
+    for (path, va), (_, vb) in zip(a, b, strict=False):
+        if not _same(va, vb):
+            return path, va, vb
+    if len(a) != len(b):
+        path = (a if len(a) > len(b) else b)[min(len(a), len(b))][0]
+        return path, None, None
+    return None
+
+
+def _stateish(value: Any, depth: int = 0) -> bool:
+    """Tensors, generators, numbers, arrays, and lists/tuples/dicts of them."""
+    if isinstance(value, torch.Tensor | torch.Generator | int | float | complex | np.ndarray):
+        return True
+    if isinstance(value, np.generic):
+        return True
+    if depth < 3 and isinstance(value, list | tuple | dict) and value:
+        items = value.values() if isinstance(value, dict) else value
+        return all(_stateish(v, depth + 1) for v in items)
+    return False
+
+
+def _suspects(a: torch.nn.Module, b: torch.nn.Module) -> list[str]:
+    """Attributes (not parameters or buffers) whose values differ between A and B."""
+    owned = {id(t) for t in a.parameters()} | {id(t) for t in a.buffers()}
+    others = dict(b.named_modules())
+    found: list[str] = []
+    for path, module in a.named_modules():
+        twin = others.get(path)
+        if twin is None:
+            continue
+        for attr, value in vars(module).items():
+            if attr in _INTERNALS or id(value) in owned or not _stateish(value):
+                continue
+            missing = object()
+            other = vars(twin).get(attr, missing)
+            if other is missing or not _same(value, other):
+                found.append(f"{path}.{attr}" if path else attr)
+    return found
+
+
+class UncapturedState:
+    id = "SK006"
+    summary = "state the state_dict does not capture"
+    severity = Severity.ERROR
+    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY, Need.INPUT})
+
+    def check(self, target: Target) -> Iterator[Finding]:
+        with isolated_rng():
+            _seed(1)
+            feed = target.fresh()
+            _seed(2)
+            a, b = feed.model, target.fresh().model
+            if a is None or b is None or a is b or target.model in (a, b) or _shared(a, b):
+                yield Finding(
+                    self.id, Severity.INFO, "model",
+                    "skipped: the factory did not build new, independent model instances",
+                    "make the factory return a new model on every call",
+                )  # fmt: skip
+                return
+            self._warm_up(feed, a)
+            self._warm_up(feed, b)
+            try:
+                b.load_state_dict(a.state_dict())
+            except Exception as exc:  # any failure to load is worth reporting, not raising
+                yield Finding(
+                    self.id, Severity.WARNING, "model",
+                    f"skipped: a fresh instance cannot load the state_dict of another: {exc}",
+                    "make the state_dict's keys and shapes independent of the seed",
+                )  # fmt: skip
+                return
+            try:
+                twin: torch.nn.Module | None = copy.deepcopy(a)
+            except Exception:  # not every module can be copied: call A itself again instead
+                twin = None
+            out_a = self._outputs(feed, a)
+            diff = _first_difference(out_a, self._outputs(feed, b))
+            if diff is None:
+                return
+            again = self._outputs(feed, twin if twin is not None else a)
+            if _first_difference(out_a, again) is not None:
+                yield Finding(
+                    self.id, Severity.WARNING, "model",
+                    "skipped: the output is nondeterministic (the same state and seed give "
+                    "different outputs), so a transplant of the state_dict cannot be checked",
+                    "draw randomness from torch's, python's or numpy's seeded generators, or "
+                    "enable deterministic kernels (torch.use_deterministic_algorithms(True))",
+                )  # fmt: skip
+                return
+            suspects = _suspects(a, b)
+        yield self._finding(diff, suspects)
+
+    @staticmethod
+    def _warm_up(feed: Target, model: torch.nn.Module) -> None:
+        """One train-mode forward (so lazily built state exists), then eval mode."""
+        _seed(_CALL_SEED)
+        try:
+            with torch.no_grad():
+                feed.call(model.train())
+        except Exception:  # e.g. BatchNorm on a batch of one: build lazy state in eval instead
+            _seed(_CALL_SEED)
+            with torch.no_grad():
+                feed.call(model.eval())
+        model.eval()
+
+    @staticmethod
+    def _outputs(feed: Target, model: torch.nn.Module) -> list[tuple[str, Any]]:
+        _seed(_CALL_SEED)
+        with torch.no_grad():
+            return list(_leaves(feed.call(model)))
+
+    def _finding(self, diff: tuple[str, Any, Any], suspects: list[str]) -> Finding:
+        path, va, vb = diff
+        detail, shape = "", None
+        if isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor):
+            shape = tuple(va.shape)
+            if va.shape != vb.shape:
+                detail = f" (shape {tuple(va.shape)} vs {tuple(vb.shape)})"
+            elif va.is_floating_point() and vb.dtype == va.dtype and va.numel():
+                delta = (va.double() - vb.double()).abs().nan_to_num(nan=float("inf")).max()
+                detail = f" (max abs difference {delta.item():.3g})"
+        if suspects:
+            listed = ", ".join(suspects[:_MAX_SUSPECTS])
+            more = len(suspects) - _MAX_SUSPECTS
+            listed += f" and {more} more" if more > 0 else ""
+            culprit = f"probably held by {listed} (neither parameters nor buffers)"
+        else:
+            culprit = (
+                "no module attribute differs: look for state outside the modules "
+                "(globals, closures, hooks, objects the forward reads)"
+            )
+        return Finding(
+            self.id, self.severity, "model",
+            f"a fresh instance built with another seed and loaded with this model's state_dict "
+            f"computes a different {path}{detail} in eval mode: the state_dict does not "
+            f"capture everything the output depends on, so a restored run computes something "
+            f"else; {culprit}",
+            "register such state as buffers (register_buffer) or parameters, or implement "
+            "get_extra_state/set_extra_state for state that is not a tensor",
+            tensor=path, shape=shape,
+        )  # fmt: skip
+
+
+def _shared(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether the two instances share a parameter or buffer (the factory reuses objects)."""
+    owned = {id(t) for t in a.parameters()} | {id(t) for t in a.buffers()}
+    return any(id(t) in owned for t in (*b.parameters(), *b.buffers()))

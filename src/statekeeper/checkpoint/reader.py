@@ -13,7 +13,8 @@ from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import rebuild_alias
 from statekeeper.format.checksum import matches
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.tensors import decode_shard, dtype_name
+from statekeeper.format.safetensors_io import parse
+from statekeeper.format.tensors import dtype_name
 from statekeeper.state.tree import unflatten
 
 __all__ = ["Progress", "VerifiedStep", "read_manifest", "read_step"]
@@ -40,7 +41,7 @@ def read_manifest(location: Location) -> Manifest:
     return Manifest.from_bytes(path, data)
 
 
-def _read_file(location: Location, manifest: Manifest, name: str) -> bytes:
+def _read_file(location: Location, manifest: Manifest, name: str) -> bytes | bytearray:
     path = location.path(name)
     record = manifest.files[name]
     try:
@@ -72,9 +73,11 @@ def _load_tensors(
     for file in sorted(manifest.files):
         data = _read_file(location, manifest, file)
         try:
-            loaded = decode_shard(data)
+            loaded = parse(data)
         except ValueError as exc:
-            raise CorruptCheckpointError(location.path(file), str(exc)) from None
+            raise CorruptCheckpointError(
+                location.path(file), f"not a valid safetensors file: {exc}"
+            ) from None
         for name in by_file.get(file, []):
             rec = manifest.tensors[name]
             t = loaded.get(name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,9 +20,10 @@ from statekeeper.data.torchdata import (
 )
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.format.aliases import plan_sharing
-from statekeeper.format.checksum import checksum
+from statekeeper.format.checksum import Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
-from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, encode_shard, plan_shards
+from statekeeper.format.safetensors_io import layout, stream
+from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, plan_shards
 from statekeeper.format.values import Json, encode_value
 from statekeeper.state.modules import unwrap
 from statekeeper.state.optimizer import parameter_names, to_named
@@ -104,6 +105,12 @@ def _no_tensor(path: str, value: Any) -> Json:
     raise InvalidArgumentError(f"metric {path!r} must be a number, not a tensor")
 
 
+def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[bytes | memoryview]:
+    for chunk in chunks:
+        hasher.update(chunk)
+        yield chunk
+
+
 def write_step(
     storage: Storage,
     captured: dict[str, Any],
@@ -138,13 +145,13 @@ def write_step(
     txn = storage.begin(entry, replace=exists)
     try:
         for shard in shards:
-            data = encode_shard({n: sharing.stored[n] for n in shard.names})
-            txn.write(shard.file, data)
-            files[shard.file] = FileRecord(len(data), checksum(data))
+            tensors_in = {n: sharing.stored[n] for n in shard.names}
+            hasher = Hasher()
+            txn.write_chunks(shard.file, _hashed(stream(tensors_in, layout(tensors_in)), hasher))
+            files[shard.file] = FileRecord(hasher.size, hasher.hexdigest())
             for n in shard.names:
                 t = sharing.stored[n]
                 tensors[n] = TensorRecord(shard.file, dtype_name(t.dtype), tuple(t.shape))
-            del data
         manifest = Manifest(
             step=step,
             created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),

@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import xxhash
 
-__all__ = ["ALGORITHM", "checksum", "matches"]
+__all__ = ["ALGORITHM", "Hasher", "checksum", "matches"]
 
 ALGORITHM = "xxh3_128"
 
 
-def checksum(data: bytes | memoryview) -> str:
+def checksum(data: bytes | bytearray | memoryview) -> str:
     """The checksum string stored in the manifest for ``data``."""
     return f"{ALGORITHM}:{xxhash.xxh3_128_hexdigest(data)}"
 
 
-def matches(data: bytes | memoryview, expected: str) -> bool:
+def matches(data: bytes | bytearray | memoryview, expected: str) -> bool:
     """Whether ``data`` has checksum ``expected`` (an unknown algorithm never matches)."""
     return expected.startswith(f"{ALGORITHM}:") and checksum(data) == expected
+
+
+class Hasher:
+    """Checksum and size of bytes seen piece by piece (as they are written or read)."""
+
+    def __init__(self) -> None:
+        self._state = xxhash.xxh3_128()
+        self.size = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._state.update(data)
+        self.size += memoryview(data).nbytes
+
+    def hexdigest(self) -> str:
+        return f"{ALGORITHM}:{self._state.hexdigest()}"

@@ -79,7 +79,7 @@ class Manifest:
         return (text[:cut] + digest + text[cut + 32 :]).encode("ascii")
 
     @classmethod
-    def from_bytes(cls, path: str, data: bytes) -> Manifest:
+    def from_bytes(cls, path: str, data: bytes | bytearray) -> Manifest:
         """Parse and verify; raises CorruptCheckpointError or UnsupportedFormatError naming path."""
         try:
             text = data.decode("ascii")

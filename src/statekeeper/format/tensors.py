@@ -12,16 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import safetensors.torch
 import torch
 
-__all__ = ["SUPPORTED_DTYPES", "Shard", "decode_shard", "dtype_name", "encode_shard", "plan_shards"]
+from statekeeper.format.safetensors_io import DTYPE_CODES
+
+__all__ = ["SUPPORTED_DTYPES", "Shard", "dtype_name", "plan_shards"]
 
 DEFAULT_SHARD_BYTES = 1 << 30
 
-SUPPORTED_DTYPES: frozenset[torch.dtype] = frozenset(
-    d for d in safetensors.torch._TYPES.values() if isinstance(d, torch.dtype)
-)
+SUPPORTED_DTYPES: frozenset[torch.dtype] = frozenset(DTYPE_CODES)
 """Dtypes that safetensors can both write and read back."""
 
 
@@ -58,17 +57,3 @@ def plan_shards(
         if current:
             shards.append(Shard(f"tensors-{len(shards):05d}.safetensors", tuple(current)))
     return shards
-
-
-def encode_shard(tensors: dict[str, torch.Tensor]) -> bytes:
-    """The safetensors bytes of ``tensors`` (moved to CPU and made contiguous)."""
-    prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    return bytes(safetensors.torch.save(prepared))
-
-
-def decode_shard(data: bytes) -> dict[str, torch.Tensor]:
-    """Parse safetensors bytes into CPU tensors; raises ``ValueError`` when malformed."""
-    try:
-        return dict(safetensors.torch.load(data))
-    except Exception as exc:  # safetensors raises its own SafetensorError and others
-        raise ValueError(f"not a valid safetensors file ({exc})") from exc

@@ -6,7 +6,8 @@ A storage is rooted at one run directory holding *entries* (directories such as
 1. ``storage.writer_lock()`` is held for as long as a writer may write (a second live
    writer on the same run directory gets ``WriterConflictError``);
 2. ``storage.begin(entry)`` creates the in-progress entry ``<entry>.partial-<id>``;
-3. ``txn.write(name, data)`` for each file, each durable when it returns (fsync);
+3. ``txn.write(name, data)`` or ``txn.write_chunks(name, chunks)`` (large pieces, written in
+   order, never joined in memory) for each file, each durable when it returns (fsync);
 4. ``txn.commit()`` makes the directory durable, renames it to ``entry`` (the commit point)
    and makes the parent durable; ``txn.abort()`` removes the in-progress entry instead.
 
@@ -16,6 +17,7 @@ Readers call ``entries()``, ``files(entry)``, ``read(entry, name)`` and ``size(e
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +35,10 @@ class Transaction(Protocol):
 
     def write(self, name: str, data: bytes) -> None:
         """Write one file and make it durable."""
+        ...
+
+    def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+        """Write one file from pieces, in order, and make it durable."""
         ...
 
     def commit(self) -> None:
@@ -60,8 +66,9 @@ class Storage(Protocol):
         """Names of the files in ``entry``, sorted; ``FileNotFoundError`` if it is absent."""
         ...
 
-    def read(self, entry: str, name: str) -> bytes:
-        """A file's bytes; ``FileNotFoundError`` if it is absent."""
+    def read(self, entry: str, name: str) -> bytes | bytearray:
+        """A file's bytes (a writable bytearray where the backend can give one without a copy,
+        so tensors can be views of it); ``FileNotFoundError`` if it is absent."""
         ...
 
     def size(self, entry: str, name: str) -> int:

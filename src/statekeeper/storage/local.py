@@ -8,7 +8,7 @@ import shutil
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,9 +43,14 @@ class _LocalTransaction:
         return self._entry
 
     def write(self, name: str, data: bytes) -> None:
-        with open(self._path / name, "wb") as f:
-            f.write(data)
-            f.flush()
+        self.write_chunks(name, (data,))
+
+    def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+        with open(self._path / name, "wb", buffering=0) as f:  # large writes: no extra copy
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                while view:
+                    view = view[f.write(view) :]
             os.fsync(f.fileno())
 
     def commit(self) -> None:
@@ -93,8 +98,18 @@ class LocalStorage:
     def files(self, entry: str) -> list[str]:
         return sorted(p.name for p in (self.root / entry).iterdir() if p.is_file())
 
-    def read(self, entry: str, name: str) -> bytes:
-        return (self.root / entry / name).read_bytes()
+    def read(self, entry: str, name: str) -> bytearray:
+        with open(self.root / entry / name, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            data = bytearray(size)
+            view = memoryview(data)
+            done = 0
+            while done < size:
+                got = f.readinto(view[done:])
+                if not got:
+                    break
+                done += got
+        return data if done == size else data[:done]
 
     def size(self, entry: str, name: str) -> int:
         return (self.root / entry / name).stat().st_size

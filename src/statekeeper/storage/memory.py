@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -50,10 +50,13 @@ class _MemoryTransaction:
         return self._entry
 
     def write(self, name: str, data: bytes) -> None:
+        self.write_chunks(name, (data,))
+
+    def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         s = self._storage
         s._op("write")
         d = s._live[self._entry]
-        d.files[name] = bytes(data)
+        d.files[name] = b"".join(bytes(c) for c in chunks)
         s._op("fsync")
         d.durable_files[name] = d.files[name]
 

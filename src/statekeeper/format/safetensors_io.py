@@ -1,0 +1,165 @@
+"""Streaming safetensors: write tensors straight from their memory, read without copies.
+
+Written here rather than through ``safetensors.torch.save`` because that builds the whole
+serialized file in memory (a second copy of every shard) and ``save_file`` cannot checksum
+while writing; ``bench/io.py`` measures the difference. The bytes are exactly those of the
+safetensors reference implementation (tested byte for byte against it and the golden
+files):
+
+- 8 bytes: little-endian length ``N`` of the JSON header;
+- ``N`` bytes: compact JSON ``{"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},..}``
+  (``__metadata__`` first when present), padded with spaces to a multiple of 8;
+- the data: tensors ordered by dtype (widest alignment first, in the reference's dtype
+  order), then by name, each as its raw little-endian bytes.
+
+Reading parses the header strictly and returns tensors that are zero-copy views of the
+file's buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DTYPE_CODES", "ShardLayout", "layout", "parse", "stream"]
+
+# the reference implementation's dtype order, widest first (the order of its data section)
+_ORDER = (
+    "U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16",
+    "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E4M3", "F8_E5M2", "I8", "U8", "BOOL",
+)  # fmt: skip
+DTYPE_CODES: dict[torch.dtype, str] = {
+    torch.uint64: "U64", torch.int64: "I64", torch.float64: "F64", torch.complex64: "C64",
+    torch.float32: "F32", torch.uint32: "U32", torch.int32: "I32", torch.bfloat16: "BF16",
+    torch.float16: "F16", torch.uint16: "U16", torch.int16: "I16",
+    torch.float8_e5m2fnuz: "F8_E5M2FNUZ", torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}  # fmt: skip
+_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_RANK = {code: i for i, code in enumerate(_ORDER)}
+_DIRECT = 1 << 20  # tensors this large are written from their own memory, not staged
+STAGING = 8 << 20  # small tensors are coalesced into writes of this size
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """The header bytes and the tensors in file order, with the file's total size."""
+
+    header: bytes
+    order: tuple[str, ...]
+    size: int
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> ShardLayout:
+    """Where every tensor goes in the file, and the header that says so."""
+    order = sorted(tensors, key=lambda n: (_RANK[DTYPE_CODES[tensors[n].dtype]], n.encode()))
+    entries: dict[str, object] = {}
+    if metadata:
+        entries["__metadata__"] = metadata
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        end = offset + _nbytes(t)
+        entries[name] = {
+            "dtype": DTYPE_CODES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    header = struct.pack("<Q", len(text)) + text
+    return ShardLayout(header, tuple(order), len(header) + offset)
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes as a buffer (a copy only if it is not contiguous on the CPU)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def stream(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> Iterator[memoryview | bytes]:
+    """The file's bytes in large pieces: big tensors from their own memory, small ones staged."""
+    yield shard.header
+    staged = bytearray()
+    for name in shard.order:
+        t = tensors[name]
+        if t.numel() == 0:
+            continue
+        if _nbytes(t) >= _DIRECT:
+            if staged:
+                yield bytes(staged)
+                staged.clear()
+            yield _raw(t)
+        else:
+            staged += _raw(t)
+            if len(staged) >= STAGING:
+                yield bytes(staged)
+                staged.clear()
+    if staged:
+        yield bytes(staged)
+
+
+def parse(data: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file held in ``data`` (views when ``data`` is writable).
+
+    Raises ``ValueError`` on anything that is not a well-formed file.
+    """
+    buf = memoryview(data)
+    if len(buf) < 8:
+        raise ValueError("shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", buf[:8])
+    if n > len(buf) - 8:
+        raise ValueError(f"header length {n} runs past the end of the file")
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    start, end_of_data = 8 + n, len(buf) - 8 - n
+    spans: list[tuple[int, int]] = []
+    out: dict[str, torch.Tensor] = {}
+    writable = not buf.readonly
+    for name, info in header.items():
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            shape = [int(d) for d in info["shape"]]
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"tensor {name!r} has a malformed header entry") from None
+        numel = 1
+        for d in shape:
+            if d < 0:
+                raise ValueError(f"tensor {name!r} has a negative dimension")
+            numel *= d
+        if not 0 <= begin <= end <= end_of_data or end - begin != numel * dtype.itemsize:
+            raise ValueError(f"tensor {name!r} has data offsets that do not fit its shape")
+        spans.append((begin, end))
+        if numel == 0:
+            out[name] = torch.empty(shape, dtype=dtype)
+        else:
+            source = data if writable else bytearray(buf[start + begin : start + end])
+            offset = start + begin if writable else 0
+            out[name] = torch.frombuffer(source, dtype=dtype, offset=offset, count=numel).reshape(
+                shape
+            )
+    spans.sort()
+    position = 0
+    for begin, end in spans:
+        if begin != position:
+            raise ValueError("tensor data overlaps or leaves gaps")
+        position = end
+    if position != end_of_data:
+        raise ValueError("trailing bytes after the tensor data")
+    return out

@@ -245,7 +245,7 @@ def test_streams_tensors_and_reports_progress(
 
     calls: list[tuple[int, int]] = []
     with monkeypatch.context() as patch:
-        patch.setattr("statekeeper.checkpoint.reader.decode_shard", no_whole_shards)
+        patch.setattr("statekeeper.checkpoint.reader.parse", no_whole_shards)
         info = average_checkpoints(
             runs, tmp_path / "out", progress=lambda done, total: calls.append((done, total))
         )

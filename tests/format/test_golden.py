@@ -20,7 +20,7 @@ import torch
 import xxhash
 
 import statekeeper
-from statekeeper.checkpoint.save import write_step
+from statekeeper.checkpoint.writer import write_step
 from statekeeper.storage.local import LocalStorage
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from statekeeper.checkpoint.naming import step_entry
-from statekeeper.checkpoint.save import write_step
+from statekeeper.checkpoint.writer import write_step
 from statekeeper.storage.local import LocalStorage
 
 GOLDEN_ROOT = Path(__file__).resolve().parent / "v1"

@@ -20,7 +20,8 @@ from statekeeper.checkpoint.listing import list_checkpoints, list_partial
 from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.policies import Retention, SavePolicy
-from statekeeper.checkpoint.save import capture, frozen_names, write_step
+from statekeeper.checkpoint.save import capture, frozen_names
+from statekeeper.checkpoint.writer import write_step
 from statekeeper.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,

@@ -2,37 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from statekeeper import __version__
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage, validate_step
-from statekeeper.checkpoint.naming import step_entry
+from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
+from statekeeper.checkpoint.writer import write_step
 from statekeeper.data.torchdata import (
     capture_loader,
     is_stateful_dataloader,
     loader_generators,
     refuse_plain_dataloader,
 )
-from statekeeper.errors import InvalidArgumentError, StepExistsError
-from statekeeper.format.aliases import plan_sharing
-from statekeeper.format.checksum import Hasher
-from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
-from statekeeper.format.safetensors_io import layout, stream
-from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, plan_shards
-from statekeeper.format.values import Json, encode_value
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.modules import unwrap
 from statekeeper.state.optimizer import parameter_names, to_named
 from statekeeper.state.rng import RNGState
-from statekeeper.state.tree import flatten
 from statekeeper.stateful import is_stateful
-from statekeeper.storage.base import Storage
 
-__all__ = ["capture", "frozen_names", "save", "write_step"]
+__all__ = ["capture", "frozen_names", "save"]
 
 
 def capture(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,94 +73,6 @@ def frozen_names(state: Mapping[str, Any]) -> set[str]:
             params = unwrap(obj).named_parameters()
             names.update(f"{name}/{p}" for p, param in params if not param.requires_grad)
     return names
-
-
-def _encode_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Json]:
-    out: dict[str, Json] = {}
-    for key, value in (metrics or {}).items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if (
-            not isinstance(key, str)
-            or isinstance(value, bool)
-            or not isinstance(value, int | float)
-        ):
-            raise InvalidArgumentError(
-                f"metric {key!r}={value!r}: metrics map str names to numbers"
-            )
-        out[key] = encode_value(value, key, _no_tensor)
-    return out
-
-
-def _no_tensor(path: str, value: Any) -> Json:
-    raise InvalidArgumentError(f"metric {path!r} must be a number, not a tensor")
-
-
-def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[bytes | memoryview]:
-    for chunk in chunks:
-        hasher.update(chunk)
-        yield chunk
-
-
-def write_step(
-    storage: Storage,
-    captured: dict[str, Any],
-    *,
-    step: int,
-    metrics: Mapping[str, Any] | None = None,
-    frozen: set[str] | None = None,
-    overwrite: bool = False,
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
-    created: str | None = None,
-    library: dict[str, str] | None = None,
-) -> CheckpointInfo:
-    """Write an already captured state as one committed step; the caller holds the writer lock.
-
-    ``created`` and ``library`` override the provenance fields (golden-file tests pin them).
-    """
-    entry = step_entry(validate_step(step))
-    if shard_bytes < 1:
-        raise InvalidArgumentError(f"shard_bytes must be positive, got {shard_bytes}")
-    exists = any(p.step == step for p in committed(storage))
-    if exists and not overwrite:
-        raise StepExistsError(
-            f"{storage.describe(entry)} is already committed; pass overwrite=True to replace it "
-            "or save under another step"
-        )
-    flat = flatten(captured)
-    sharing = plan_sharing(flat.tensors)
-    shards = plan_shards(sharing.stored, frozen or (), shard_bytes)
-    encoded_metrics = _encode_metrics(metrics)
-    files: dict[str, FileRecord] = {}
-    tensors: dict[str, TensorRecord] = {}
-    txn = storage.begin(entry, replace=exists)
-    try:
-        for shard in shards:
-            tensors_in = {n: sharing.stored[n] for n in shard.names}
-            hasher = Hasher()
-            txn.write_chunks(shard.file, _hashed(stream(tensors_in, layout(tensors_in)), hasher))
-            files[shard.file] = FileRecord(hasher.size, hasher.hexdigest())
-            for n in shard.names:
-                t = sharing.stored[n]
-                tensors[n] = TensorRecord(shard.file, dtype_name(t.dtype), tuple(t.shape))
-        manifest = Manifest(
-            step=step,
-            created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            library=library
-            or {"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
-            metrics=encoded_metrics,
-            files=files,
-            tensors=tensors,
-            aliases=sharing.aliases,
-            state=flat.skeleton,
-        )
-        manifest_bytes = manifest.to_bytes()
-        txn.write(MANIFEST, manifest_bytes)
-        txn.commit()
-    except BaseException:
-        txn.abort()
-        raise
-    return CheckpointInfo.from_manifest(storage.describe(entry), manifest, len(manifest_bytes))
 
 
 def save(

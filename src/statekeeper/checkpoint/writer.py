@@ -1,0 +1,147 @@
+"""Writing one step: ``prepare`` (flatten, share, encode: in the caller) and ``commit``
+(stream the shards, write the manifest, commit: in the caller or a background thread)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+
+from statekeeper import __version__
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.location import committed, validate_step
+from statekeeper.checkpoint.naming import step_entry
+from statekeeper.errors import InvalidArgumentError, StepExistsError
+from statekeeper.format.aliases import Alias, plan_sharing
+from statekeeper.format.checksum import Hasher
+from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
+from statekeeper.format.safetensors_io import layout, stream
+from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, plan_shards
+from statekeeper.format.values import Json, encode_value
+from statekeeper.state.tree import flatten
+from statekeeper.storage.base import Storage
+
+__all__ = ["Prepared", "check_step", "commit", "prepare", "write_step"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A captured state ready to write: JSON skeleton, tensors to store, aliases, metrics."""
+
+    skeleton: Json
+    stored: dict[str, torch.Tensor]
+    aliases: dict[str, Alias]
+    metrics: dict[str, Json]
+
+
+def _encode_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Json]:
+    out: dict[str, Json] = {}
+    for key, value in (metrics or {}).items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if (
+            not isinstance(key, str)
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
+            raise InvalidArgumentError(
+                f"metric {key!r}={value!r}: metrics map str names to numbers"
+            )
+        out[key] = encode_value(value, key, _no_tensor)
+    return out
+
+
+def _no_tensor(path: str, value: Any) -> Json:
+    raise InvalidArgumentError(f"metric {path!r} must be a number, not a tensor")
+
+
+def prepare(captured: dict[str, Any], metrics: Mapping[str, Any] | None = None) -> Prepared:
+    """Flatten and plan a captured state (no copies of tensor data)."""
+    flat = flatten(captured)
+    sharing = plan_sharing(flat.tensors)
+    return Prepared(flat.skeleton, sharing.stored, sharing.aliases, _encode_metrics(metrics))
+
+
+def check_step(storage: Storage, step: int, overwrite: bool) -> bool:
+    """Whether ``step`` exists (to be replaced); StepExistsError unless ``overwrite``."""
+    entry = step_entry(validate_step(step))
+    exists = any(p.step == step for p in committed(storage))
+    if exists and not overwrite:
+        raise StepExistsError(
+            f"{storage.describe(entry)} is already committed; pass overwrite=True to replace it "
+            "or save under another step"
+        )
+    return exists
+
+
+def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[bytes | memoryview]:
+    for chunk in chunks:
+        hasher.update(chunk)
+        yield chunk
+
+
+def commit(
+    storage: Storage,
+    prepared: Prepared,
+    *,
+    step: int,
+    frozen: set[str] | None = None,
+    overwrite: bool = False,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    created: str | None = None,
+    library: dict[str, str] | None = None,
+) -> CheckpointInfo:
+    """Stream the shards, write the manifest last, commit. The caller holds the writer lock."""
+    if shard_bytes < 1:
+        raise InvalidArgumentError(f"shard_bytes must be positive, got {shard_bytes}")
+    exists = check_step(storage, step, overwrite)
+    entry = step_entry(step)
+    files: dict[str, FileRecord] = {}
+    tensors: dict[str, TensorRecord] = {}
+    txn = storage.begin(entry, replace=exists)
+    try:
+        for shard in plan_shards(prepared.stored, frozen or (), shard_bytes):
+            members = {n: prepared.stored[n] for n in shard.names}
+            hasher = Hasher()
+            txn.write_chunks(shard.file, _hashed(stream(members, layout(members)), hasher))
+            files[shard.file] = FileRecord(hasher.size, hasher.hexdigest())
+            for n, t in members.items():
+                tensors[n] = TensorRecord(shard.file, dtype_name(t.dtype), tuple(t.shape))
+        manifest = Manifest(
+            step=step,
+            created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            library=library
+            or {"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
+            metrics=prepared.metrics,
+            files=files,
+            tensors=tensors,
+            aliases=prepared.aliases,
+            state=prepared.skeleton,
+        )
+        manifest_bytes = manifest.to_bytes()
+        txn.write(MANIFEST, manifest_bytes)
+        txn.commit()
+    except BaseException:
+        txn.abort()
+        raise
+    return CheckpointInfo.from_manifest(storage.describe(entry), manifest, len(manifest_bytes))
+
+
+def write_step(
+    storage: Storage,
+    captured: dict[str, Any],
+    *,
+    step: int,
+    metrics: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> CheckpointInfo:
+    """Write an already captured state as one committed step; the caller holds the writer lock.
+
+    ``options``: ``frozen``, ``overwrite``, ``shard_bytes``, and ``created`` / ``library``,
+    which override the provenance fields (golden-file tests pin them).
+    """
+    validate_step(step)
+    return commit(storage, prepare(captured, metrics), step=step, **options)

@@ -1,6 +1,6 @@
 """Saves a deterministic state for step after step until it is killed.
 
-Usage: python -m tests.helpers.saver RUN_DIR FIRST_STEP. Prints each committed step.
+Usage: python -m tests.helpers.saver RUN_DIR FIRST_STEP [async]. Prints each step it saves.
 """
 
 from __future__ import annotations
@@ -25,8 +25,15 @@ def state_for(step: int) -> dict[str, object]:
 
 def main() -> None:
     directory, first = sys.argv[1], int(sys.argv[2])
+    asynchronous = len(sys.argv) > 3 and sys.argv[3] == "async"
     print("ready", flush=True)
     step = first
+    if asynchronous:  # the Checkpointer writes in a background thread
+        with sk.Checkpointer(directory, async_save=True, shard_bytes=100_000) as ckpt:
+            while True:
+                ckpt.save(step, state_for(step))
+                print(step, flush=True)
+                step += 1
     while True:
         sk.save(directory, state_for(step), step=step, shard_bytes=100_000)
         print(step, flush=True)

@@ -15,13 +15,14 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
 
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial
 from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.policies import Retention, SavePolicy
 from statekeeper.checkpoint.save import capture, frozen_names
-from statekeeper.checkpoint.writer import write_step
+from statekeeper.checkpoint.writer import prepare, write_step
 from statekeeper.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
@@ -42,6 +43,9 @@ class Checkpointer:
     ``every`` decides when :meth:`maybe_save` saves; ``keep`` which committed steps survive
     (None keeps all); ``generators`` are ``torch.Generator`` / ``numpy.random.Generator``
     objects the run draws from besides the global ones, saved and restored by name.
+    With ``async_save=True``, ``save`` / ``maybe_save`` return once the tensors are copied to
+    reusable host buffers and a background thread writes, commits and applies retention; a
+    failure is raised by the next save, by :meth:`wait` and by :meth:`close`.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class Checkpointer:
         generators: Mapping[str, Generator] | None = None,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         clock: Callable[[], float] = time.monotonic,
+        async_save: bool = False,
     ) -> None:
         if keep is not None and not isinstance(keep, Retention):
             raise InvalidArgumentError(
@@ -73,6 +78,7 @@ class Checkpointer:
         self._resumed_from: int | None = None
         self._last_save = clock()
         self._closed = False
+        self._writer = AsyncWriter() if async_save else None
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if RNG_ENTRY in state:
@@ -91,6 +97,7 @@ class Checkpointer:
         ``StatekeeperWarning`` (an older intact one is loaded); key mismatches are errors.
         """
         self._check_open()
+        self.wait()
         for partial in list_partial(self.storage):
             self.storage.remove(partial.name)
         full = self._with_rng(state)
@@ -111,7 +118,7 @@ class Checkpointer:
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
-    ) -> CheckpointInfo | None:
+    ) -> CheckpointInfo | PendingSave | None:
         """Save when the ``every`` policy says so (and ``step`` is not committed yet)."""
         if self.every is None:
             raise InvalidArgumentError(
@@ -125,21 +132,30 @@ class Checkpointer:
 
     def save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
-    ) -> CheckpointInfo:
-        """Save now (RNG included), then apply retention."""
+    ) -> CheckpointInfo | PendingSave:
+        """Save now (RNG included), then apply retention (in the background if async)."""
         self._check_open()
         full = self._with_rng(state)
-        info = write_step(
-            self.storage,
-            capture(full),
-            step=step,
-            metrics=metrics,
-            frozen=frozen_names(full),
-            shard_bytes=self._shard_bytes,
-        )
+        options: dict[str, Any] = {"frozen": frozen_names(full), "shard_bytes": self._shard_bytes}
+        if self._writer is not None:
+            prepared = prepare(capture(full), metrics)
+            pending = self._writer.submit(
+                self.storage,
+                prepared,
+                step=step,
+                on_commit=lambda i: self._retain(i.step),
+                **options,
+            )
+            self._last_save = self._clock()
+            return pending
+        info = write_step(self.storage, capture(full), step=step, metrics=metrics, **options)
         self._last_save = self._clock()
         self._retain(info.step)
         return info
+
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for a background save; raise its error if it failed (no-op when synchronous)."""
+        return None if self._writer is None else self._writer.wait()
 
     def _retain(self, newest: int) -> None:
         if self.keep is None:
@@ -160,9 +176,14 @@ class Checkpointer:
             raise StatekeeperError("this Checkpointer is closed; create a new one")
 
     def close(self) -> None:
-        """Release the run directory's writer lock (idempotent)."""
+        """Finish a background save (raising its error), then release the writer lock."""
+        if self._closed:
+            return
         self._closed = True
-        self._stack.close()
+        try:
+            self.wait()
+        finally:
+            self._stack.close()
 
     def __enter__(self) -> Checkpointer:
         return self

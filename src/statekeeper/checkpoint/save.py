@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
-from statekeeper.checkpoint.writer import write_step
+from statekeeper.checkpoint.writer import prepare, write_step
 from statekeeper.data.torchdata import (
     capture_loader,
     is_stateful_dataloader,
@@ -75,6 +76,35 @@ def frozen_names(state: Mapping[str, Any]) -> set[str]:
     return names
 
 
+_writers: dict[str, AsyncWriter] = {}  # per run directory: one save in flight, staging reused
+
+
+@overload
+def save(
+    directory: PathOrStorage,
+    state: Mapping[str, Any],
+    *,
+    step: int,
+    metrics: Mapping[str, Any] | None = ...,
+    overwrite: bool = ...,
+    shard_bytes: int = ...,
+    blocking: Literal[True] = ...,
+) -> CheckpointInfo: ...
+
+
+@overload
+def save(
+    directory: PathOrStorage,
+    state: Mapping[str, Any],
+    *,
+    step: int,
+    metrics: Mapping[str, Any] | None = ...,
+    overwrite: bool = ...,
+    shard_bytes: int = ...,
+    blocking: Literal[False],
+) -> PendingSave: ...
+
+
 def save(
     directory: PathOrStorage,
     state: Mapping[str, Any],
@@ -83,7 +113,8 @@ def save(
     metrics: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
-) -> CheckpointInfo:
+    blocking: bool = True,
+) -> CheckpointInfo | PendingSave:
     """Save ``state`` as committed step ``step`` of the run ``directory``.
 
     ``state`` maps names to Stateful objects (anything with ``state_dict``/``load_state_dict``)
@@ -91,16 +122,22 @@ def save(
     ``StepExistsError`` if the step is committed already (unless ``overwrite=True``),
     ``WriterConflictError`` if another live writer holds the directory, and
     ``UnsupportedValueError`` (naming the key path) for a value that would need pickle.
+
+    With ``blocking=False`` the call returns once the tensors are copied to host memory and
+    a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
+    the CheckpointInfo. The next save into the same directory waits for it and raises its
+    error if it failed.
     """
     storage = resolve_storage(directory)
     validate_step(step)
+    options: dict[str, Any] = {
+        "frozen": frozen_names(state),
+        "overwrite": overwrite,
+        "shard_bytes": shard_bytes,
+    }
+    if not blocking:
+        writer = _writers.setdefault(storage.describe(), AsyncWriter())
+        prepared = prepare(capture(state), metrics)
+        return writer.submit(storage, prepared, step=step, lock=storage.writer_lock(), **options)
     with storage.writer_lock():
-        return write_step(
-            storage,
-            capture(state),
-            step=step,
-            metrics=metrics,
-            frozen=frozen_names(state),
-            overwrite=overwrite,
-            shard_bytes=shard_bytes,
-        )
+        return write_step(storage, capture(state), step=step, metrics=metrics, **options)

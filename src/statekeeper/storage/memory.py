@@ -42,7 +42,7 @@ class _MemoryTransaction:
         self._replace = replace
         self._entry = f"{final}.partial-{uuid.uuid4().hex[:12]}"
         self._done = False
-        storage._op("mkdir")
+        storage._op("mkdir", self._entry)
         storage._live[self._entry] = _Dir()
 
     @property
@@ -54,7 +54,7 @@ class _MemoryTransaction:
 
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         s = self._storage
-        s._op("write")
+        s._op("write", f"{self._entry}/{name}")
         d = s._live[self._entry]
         d.files[name] = b"".join(bytes(c) for c in chunks)
         s._op("fsync")
@@ -67,7 +67,7 @@ class _MemoryTransaction:
         d.durable_names = set(d.files)
         if self._final in s._live and not self._replace:
             raise StorageError(f"could not commit {self._final}: it exists")
-        s._op("rename")
+        s._op("rename", f"{self._entry} -> {self._final}")
         s._live[self._final] = s._live.pop(self._entry)
         s._op("fsync_root")
         s._durable_root = dict(s._live)
@@ -85,15 +85,17 @@ class MemoryStorage:
     def __init__(self, *, fail_at: int | None = None, name: str = "memory://run") -> None:
         self.fail_at = fail_at
         self.operations = 0
+        self.log: list[str] = []  # every operation, in order: "rename step_000000002.partial-..."
         self._name = name
         self._live: dict[str, _Dir] = {}
         self._durable_root: dict[str, _Dir] = {}
         self._locked = False
         self._mutex = threading.Lock()
 
-    def _op(self, kind: str) -> None:
+    def _op(self, kind: str, where: str = "") -> None:
         index = self.operations
         self.operations += 1
+        self.log.append(f"{kind} {where}".strip())
         if self.fail_at is not None and index == self.fail_at:
             raise InjectedFailure(f"injected failure at operation {index} ({kind})")
 

@@ -1,0 +1,140 @@
+"""Asynchronous saving: the caller waits only while the tensors are copied to host buffers.
+
+``AsyncWriter.submit`` runs in the caller: it waits for the previous save (one in flight at
+a time, so two saves never interleave), raises that save's error if it failed, captures and
+plans the new state, and copies every stored tensor into a staging buffer (pinned host
+memory when any tensor is on CUDA) that is kept and reused by the next save. A background
+thread then streams the shards from the staging buffer, writes the manifest, commits and
+calls ``on_commit`` (retention). Its error is kept and raised by the next ``submit``, by
+``wait()`` and by ``close()``, never lost. The staged copy is a snapshot: the training loop
+may change the model as soon as ``submit`` returns.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.writer import Prepared, check_step, commit
+from statekeeper.storage.base import Storage
+
+__all__ = ["AsyncWriter", "PendingSave"]
+
+_ALIGN = 64
+
+
+class PendingSave:
+    """A save running in the background: ``wait()`` returns its CheckpointInfo or raises."""
+
+    def __init__(self, writer: AsyncWriter, step: int) -> None:
+        self._writer = writer
+        self.step = step
+        self._done = threading.Event()
+        self._info: CheckpointInfo | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> CheckpointInfo:
+        self._done.wait()
+        self._writer._consume(self)
+        if self._error is not None:
+            raise self._error
+        if self._info is None:  # pragma: no cover - done is set only after one of the two
+            raise RuntimeError("background save finished without a result")
+        return self._info
+
+
+class AsyncWriter:
+    """One background save at a time, with staging buffers reused between saves."""
+
+    def __init__(self) -> None:
+        self._pending: PendingSave | None = None
+        self._unreported: PendingSave | None = None
+        self._staging: torch.Tensor | None = None
+
+    def _consume(self, pending: PendingSave) -> None:
+        if self._unreported is pending:
+            self._unreported = None
+
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for the save in flight; raise its error (once) if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending._done.wait()
+        failed, self._unreported = self._unreported, None
+        if failed is not None and failed._error is not None:
+            raise failed._error
+        return None if pending is None else pending._info
+
+    def _stage(self, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        sizes = {n: t.numel() * t.element_size() for n, t in stored.items()}
+        offsets, total = {}, 0
+        for name, size in sizes.items():
+            offsets[name] = total
+            total += -(-size // _ALIGN) * _ALIGN
+        on_cuda = any(t.is_cuda for t in stored.values())
+        if (
+            self._staging is None
+            or self._staging.numel() < total
+            or (on_cuda and not self._staging.is_pinned())
+        ):
+            self._staging = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=on_cuda)
+        staged: dict[str, torch.Tensor] = {}
+        for name, t in stored.items():
+            if t.numel() == 0:
+                staged[name] = torch.empty(t.shape, dtype=t.dtype)
+                continue
+            raw = self._staging[offsets[name] : offsets[name] + sizes[name]]
+            dst = raw.view(t.dtype).view(t.shape)
+            dst.copy_(t.detach(), non_blocking=t.is_cuda)
+            staged[name] = dst
+        if on_cuda:
+            torch.cuda.synchronize()
+        return staged
+
+    def submit(
+        self,
+        storage: Storage,
+        prepared: Prepared,
+        *,
+        step: int,
+        lock: AbstractContextManager[None] | None = None,
+        on_commit: Callable[[CheckpointInfo], None] | None = None,
+        **options: Any,
+    ) -> PendingSave:
+        """Stage ``prepared`` and write it in the background (see the module docstring)."""
+        self.wait()
+        check_step(storage, step, bool(options.get("overwrite", False)))
+        snapshot = replace(prepared, stored=self._stage(prepared.stored))
+        stack = ExitStack()
+        if lock is not None:
+            stack.enter_context(lock)
+        pending = PendingSave(self, step)
+
+        def run() -> None:
+            try:
+                with stack:
+                    info = commit(storage, snapshot, step=step, **options)
+                    if on_commit is not None:
+                        on_commit(info)
+                pending._info = info
+            except BaseException as exc:  # kept and raised on the caller's next call
+                pending._error = exc
+            finally:
+                pending._done.set()
+
+        self._pending = self._unreported = pending
+        threading.Thread(target=run, name=f"statekeeper-save-{step}", daemon=False).start()
+        return pending
+
+    def close(self) -> None:
+        """Wait for the save in flight and raise its error, if any."""
+        self.wait()

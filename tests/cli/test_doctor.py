@@ -51,3 +51,37 @@ def test_doctor_on_checkpoints(tmp_path: Path) -> None:
     pickled = CliRunner().invoke(main, ["doctor", str(tmp_path / "weights.pt")])
     assert pickled.exit_code == 2, pickled.output
     assert "SK008" in pickled.output and "pickle" in pickled.output
+
+
+class Grid(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("grid", torch.arange(4.0).expand(3, 4))
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x + self.grid.sum())
+
+
+def hazardous_model() -> dict[str, Any]:
+    return {"model": Grid(), "example_input": torch.randn(2, 4)}
+
+
+def test_doctor_reports_a_model_hazard_with_the_tensor_and_fix() -> None:
+    result = CliRunner().invoke(main, ["doctor", f"{__name__}:hazardous_model"])
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())
+    assert "SK001 error" in flat and "grid" in flat and "fix:" in flat
+    data = json.loads(
+        CliRunner().invoke(main, ["doctor", f"{__name__}:hazardous_model", "--json"]).output
+    )
+    assert data["exit_code"] == 2
+    assert any(f["rule"] == "SK001" and f["tensor"] == "grid" for f in data["findings"])
+
+
+def test_python_api_is_statekeeper_doctor_run() -> None:
+    import statekeeper.doctor
+    from statekeeper.doctor.run import run
+
+    assert statekeeper.doctor.run is run
+    assert statekeeper.doctor.Report is type(run(torch.nn.Linear(2, 2)))

@@ -18,7 +18,7 @@ from torch.nn.parameter import is_lazy
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
-from statekeeper.doctor.rules.overlap import isolated_rng
+from statekeeper.doctor.rules.overlap import isolated_rng, not_fresh
 
 __all__ = ["BatchState"]
 
@@ -53,11 +53,7 @@ class BatchState:
             fresh = target.fresh()
             model = fresh.model
             if model is None or model is target.model:
-                yield Finding(
-                    self.id, Severity.INFO, "model",
-                    "skipped: the factory did not build a new model instance",
-                    "make the factory return a new model on every call",
-                )  # fmt: skip
+                yield not_fresh(self.id)
                 return
             before = {k: v.detach().clone() for k, v in _persistent(model).items()}
             modes = {m: m.training for m in model.modules()}

@@ -21,7 +21,7 @@ import torch
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
 
-__all__ = ["MemoryOverlap", "isolated_rng", "module_path"]
+__all__ = ["MemoryOverlap", "isolated_rng", "module_path", "not_fresh"]
 
 _OVERLAP = "more than one element of the written-to tensor"
 
@@ -119,3 +119,12 @@ class MemoryOverlap:
             failed = _failed_loads(str(exc))
             return failed, "" if failed else str(exc).splitlines()[0]
         return set(), ""
+
+
+def not_fresh(rule: str) -> Finding:
+    """The finding of a rule that needs a new instance when the factory returned the same one."""
+    return Finding(
+        rule, Severity.INFO, "model",
+        "skipped: the factory did not build new, independent model instances",
+        "make the factory return a new model on every call",
+    )  # fmt: skip

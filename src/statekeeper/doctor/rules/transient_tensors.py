@@ -20,7 +20,7 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
-from statekeeper.doctor.rules.overlap import isolated_rng
+from statekeeper.doctor.rules.overlap import isolated_rng, not_fresh
 
 __all__ = ["TransientTensors"]
 
@@ -98,11 +98,7 @@ class TransientTensors:
             fresh = target.fresh()
             model = fresh.model
             if model is None or model is target.model:
-                yield Finding(
-                    self.id, Severity.INFO, "model",
-                    "skipped: the factory did not build a new model instance",
-                    "make the factory return a new model on every call",
-                )  # fmt: skip
+                yield not_fresh(self.id)
                 return
             held = self._held(fresh, model)
         for h in held.values():

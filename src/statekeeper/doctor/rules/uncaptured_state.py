@@ -23,7 +23,7 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
-from statekeeper.doctor.rules.overlap import isolated_rng
+from statekeeper.doctor.rules.overlap import isolated_rng, not_fresh
 
 __all__ = ["UncapturedState"]
 
@@ -136,11 +136,7 @@ class UncapturedState:
             _seed(2)
             a, b = feed.model, target.fresh().model
             if a is None or b is None or a is b or target.model in (a, b) or _shared(a, b):
-                yield Finding(
-                    self.id, Severity.INFO, "model",
-                    "skipped: the factory did not build new, independent model instances",
-                    "make the factory return a new model on every call",
-                )  # fmt: skip
+                yield not_fresh(self.id)
                 return
             self._warm_up(feed, a)
             self._warm_up(feed, b)

@@ -11,7 +11,7 @@ import torch
 from statekeeper.checkpoint.location import Location
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import rebuild_alias
-from statekeeper.format.checksum import matches
+from statekeeper.format.checksum import Buffer, matches
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_io import parse
 from statekeeper.format.tensors import dtype_name
@@ -38,10 +38,10 @@ def read_manifest(location: Location) -> Manifest:
         data = location.storage.read(location.entry, MANIFEST)
     except FileNotFoundError:
         raise CorruptCheckpointError(path, "manifest.json is missing") from None
-    return Manifest.from_bytes(path, data)
+    return Manifest.from_bytes(path, bytes(data))
 
 
-def _read_file(location: Location, manifest: Manifest, name: str) -> bytes | bytearray:
+def _read_file(location: Location, manifest: Manifest, name: str) -> Buffer:
     path = location.path(name)
     record = manifest.files[name]
     try:

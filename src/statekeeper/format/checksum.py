@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import mmap
+
 import xxhash
 
-__all__ = ["ALGORITHM", "Hasher", "checksum", "matches"]
+__all__ = ["ALGORITHM", "Buffer", "Hasher", "checksum", "matches"]
+
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 ALGORITHM = "xxh3_128"
 
 
-def checksum(data: bytes | bytearray | memoryview) -> str:
+def checksum(data: Buffer) -> str:
     """The checksum string stored in the manifest for ``data``."""
     return f"{ALGORITHM}:{xxhash.xxh3_128_hexdigest(data)}"
 
 
-def matches(data: bytes | bytearray | memoryview, expected: str) -> bool:
+def matches(data: Buffer, expected: str) -> bool:
     """Whether ``data`` has checksum ``expected`` (an unknown algorithm never matches)."""
     return expected.startswith(f"{ALGORITHM}:") and checksum(data) == expected
 
@@ -26,7 +30,7 @@ class Hasher:
         self._state = xxhash.xxh3_128()
         self.size = 0
 
-    def update(self, data: bytes | bytearray | memoryview) -> None:
+    def update(self, data: Buffer) -> None:
         self._state.update(data)
         self.size += memoryview(data).nbytes
 

@@ -19,6 +19,7 @@ file's buffer.
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ def stream(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> Iterator[mem
         yield bytes(staged)
 
 
-def parse(data: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
+def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file held in ``data`` (views when ``data`` is writable).
 
     Raises ``ValueError`` on anything that is not a well-formed file.

@@ -17,6 +17,7 @@ Readers call ``entries()``, ``files(entry)``, ``read(entry, name)`` and ``size(e
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
@@ -66,9 +67,10 @@ class Storage(Protocol):
         """Names of the files in ``entry``, sorted; ``FileNotFoundError`` if it is absent."""
         ...
 
-    def read(self, entry: str, name: str) -> bytes | bytearray:
-        """A file's bytes (a writable bytearray where the backend can give one without a copy,
-        so tensors can be views of it); ``FileNotFoundError`` if it is absent."""
+    def read(self, entry: str, name: str) -> bytes | bytearray | mmap.mmap:
+        """A file's bytes; a writable buffer (bytearray, copy-on-write mmap) where the backend
+        can give one without a copy, so tensors can be views of it. ``FileNotFoundError`` if
+        it is absent."""
         ...
 
     def size(self, entry: str, name: str) -> int:

@@ -740,6 +740,9 @@ def fmt(x: float | None, spec: str, missing: str = "-") -> str:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> None:
+    if not rows:
+        print("  (not measured)")
+        return
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = "  ".join(
         h.ljust(w) if i == 0 else h.rjust(w)

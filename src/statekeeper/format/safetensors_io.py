@@ -89,25 +89,33 @@ def _raw(t: torch.Tensor) -> memoryview:
 
 
 def stream(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> Iterator[memoryview | bytes]:
-    """The file's bytes in large pieces: big tensors from their own memory, small ones staged."""
+    """The file's bytes in large pieces: big tensors from their own memory, small ones staged.
+
+    Small tensors are gathered in one reused buffer: each piece must be consumed (written)
+    before the next is requested, as ``Transaction.write_chunks`` does.
+    """
     yield shard.header
-    staged = bytearray()
+    buffer = bytearray(STAGING)
+    view = memoryview(buffer)
+    fill = 0
     for name in shard.order:
         t = tensors[name]
-        if t.numel() == 0:
+        size = _nbytes(t)
+        if size == 0:
             continue
-        if _nbytes(t) >= _DIRECT:
-            if staged:
-                yield bytes(staged)
-                staged.clear()
+        if size >= _DIRECT:
+            if fill:
+                yield view[:fill]
+                fill = 0
             yield _raw(t)
-        else:
-            staged += _raw(t)
-            if len(staged) >= STAGING:
-                yield bytes(staged)
-                staged.clear()
-    if staged:
-        yield bytes(staged)
+            continue
+        if fill + size > STAGING:
+            yield view[:fill]
+            fill = 0
+        view[fill : fill + size] = _raw(t)
+        fill += size
+    if fill:
+        yield view[:fill]
 
 
 def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.Tensor]:

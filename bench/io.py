@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import statekeeper as sk  # noqa: E402
+from bench.ema import cpu_name  # noqa: E402  (one CPU-name probe for every bench)
 
 try:
     import torch.distributed.checkpoint as dcp
@@ -280,17 +281,6 @@ def mount_of(path: Path) -> str:
     except OSError:
         pass
     return desc
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def mem_total_gib() -> float | None:

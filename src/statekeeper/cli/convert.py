@@ -1,0 +1,50 @@
+"""``statekeeper convert``: any readable checkpoint into a statekeeper step or one
+safetensors file."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from statekeeper.cli import render, render_interop
+from statekeeper.interop.convert import convert
+
+__all__ = ["convert_command"]
+
+
+@click.command("convert")
+@click.argument("src", metavar="IN")
+@click.argument("dst", metavar="OUT")
+@click.option(
+    "--step",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Step number of the statekeeper checkpoint written.",
+)
+@click.option(
+    "--key",
+    help="Statekeeper OUT: save the whole input under this one entry. "
+    "Safetensors OUT: write only this entry of the input.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the step if OUT already has it.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
+def convert_command(
+    src: str, dst: str, step: int, key: str | None, overwrite: bool, as_json: bool
+) -> None:
+    """Convert the checkpoint IN into OUT.
+
+    IN is any format statekeeper reads (torch.save .pt/.pth/.bin, .safetensors, Hugging Face
+    folders and indexes, Lightning .ckpt, Accelerate and DCP folders, statekeeper runs). OUT
+    ending in .safetensors gets one safetensors file of every tensor (plain values are listed
+    as dropped); any other OUT is a run directory that gets step --step. Exit status: 0 done,
+    1 unreadable or unsafe input, 2 bad arguments.
+    """
+    with render.reported_errors(), render.ByteProgress(enabled=not as_json) as bar:
+        result = convert(src, dst, step=step, key=key, overwrite=overwrite,
+                         progress=bar.phase("reading"))  # fmt: skip
+    if as_json:
+        render.emit_json(dataclasses.asdict(result))
+    else:
+        render_interop.converted(result)

@@ -1,0 +1,71 @@
+"""``statekeeper diff``: compare two checkpoints of any readable formats."""
+
+from __future__ import annotations
+
+import click
+
+from statekeeper.cli import render, render_interop
+from statekeeper.interop.diff import WRAPPER_PREFIXES, diff
+
+__all__ = ["diff_command"]
+
+
+@click.command("diff")
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option(
+    "--atol",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Absolute tolerance: equal when |a-b| <= atol + rtol*|b|.",
+)
+@click.option(
+    "--rtol",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Relative tolerance (see --atol).",
+)
+@click.option("--key", help="Compare only this entry (e.g. model) of each side that has it.")
+@click.option(
+    "--strip-prefix",
+    "strip_wrappers",
+    is_flag=True,
+    help="Strip the wrapper prefixes module. and _orig_mod. from every key.",
+)
+@click.option(
+    "--strip",
+    "strip",
+    multiple=True,
+    metavar="PREFIX",
+    help="Strip this prefix from every key (repeatable).",
+)
+@click.option(
+    "--show",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Rows shown per section (--json lists all).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def diff_command(
+    a: str, b: str, atol: float, rtol: float, key: str | None, strip_wrappers: bool,
+    strip: tuple[str, ...], show: int, as_json: bool,
+) -> None:  # fmt: skip
+    """Compare the checkpoints A and B, in any formats statekeeper reads.
+
+    Lists keys only in A or only in B, shape/dtype/type/value changes, and the tensors that
+    differ with their largest absolute and relative difference (largest first). Keys are
+    paths joined with '.' (model.fc.weight). Exit status: 0 equal, 1 different (or an
+    error), 2 bad arguments or nothing found.
+    """
+    prefixes = (*(WRAPPER_PREFIXES if strip_wrappers else ()), *strip)
+    with render.reported_errors(), render.ByteProgress(enabled=not as_json, counts=True) as bar:
+        result = diff(a, b, atol=atol, rtol=rtol, key=key, strip=prefixes,
+                      progress=bar.phase("comparing tensors"))  # fmt: skip
+    if as_json:
+        render.emit_json(result.to_json())
+    else:
+        render_interop.diff_report(result, show)
+    raise click.exceptions.Exit(0 if result.equal else 1)

@@ -1,0 +1,60 @@
+"""``statekeeper export``: the inference weights of a checkpoint as one safetensors file."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from statekeeper.cli import render, render_interop
+from statekeeper.interop.diff import WRAPPER_PREFIXES
+from statekeeper.interop.export import DTYPES, export
+
+__all__ = ["export_command"]
+
+
+@click.command("export")
+@click.argument("ckpt", metavar="CKPT")
+@click.argument("out", metavar="OUT.safetensors")
+@click.option("--key", help="Entry holding the model weights (default: detected).")
+@click.option(
+    "--dtype",
+    type=click.Choice(sorted(DTYPES), case_sensitive=False),
+    help="Cast floating tensors to this dtype.",
+)
+@click.option(
+    "--strip-prefix",
+    "strip_wrappers",
+    is_flag=True,
+    help="Strip the wrapper prefixes module. and _orig_mod. from every key.",
+)
+@click.option(
+    "--strip",
+    "strip",
+    multiple=True,
+    metavar="PREFIX",
+    help="Strip this prefix from every key (repeatable).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
+def export_command(
+    ckpt: str, out: str, key: str | None, dtype: str | None, strip_wrappers: bool,
+    strip: tuple[str, ...], as_json: bool,
+) -> None:  # fmt: skip
+    """Write the weights needed for inference from CKPT to OUT.safetensors.
+
+    Only the model's state_dict goes out (no optimizer, RNG, counters or other values).
+    Tied weights are stored once and recorded under "aliases" in the file's metadata;
+    statekeeper.read(OUT) expands them. Exit status: 0 done, 1 unreadable input, 2 bad
+    arguments.
+    """
+    prefixes = (*(WRAPPER_PREFIXES if strip_wrappers else ()), *strip)
+    with render.reported_errors():
+        if not out.endswith(".safetensors"):
+            render.fail(f"{out}: the output must be a .safetensors file", 2)
+        with render.ByteProgress(enabled=not as_json) as bar:
+            result = export(ckpt, out, key=key, dtype=dtype, strip=prefixes,
+                            progress=bar.phase("writing"))  # fmt: skip
+    if as_json:
+        render.emit_json(dataclasses.asdict(result))
+    else:
+        render_interop.exported(result)

@@ -1,0 +1,108 @@
+"""Converting: any readable checkpoint into a statekeeper step, or into one safetensors file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.interop.detect import foreign_format
+from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
+from statekeeper.interop.tree import flat_leaves, select
+
+__all__ = ["ConvertResult", "convert", "entries_for_save"]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What ``convert`` wrote: a step directory or a safetensors file."""
+
+    source: str
+    source_format: str
+    path: str
+    kind: str  # "statekeeper" or "safetensors"
+    step: int | None
+    entries: tuple[str, ...]  # top-level entries saved (statekeeper) or ()
+    tensors: int
+    bytes: int
+    aliases: dict[str, str]  # safetensors: alias -> stored name
+    dropped: tuple[str, ...]  # safetensors: non-tensor leaves left out
+    wrapped_as: str | None  # statekeeper: the entry the whole source was put under
+
+
+def _valid_name(name: object) -> bool:
+    return isinstance(name, str) and bool(name) and "/" not in name and not name.startswith("$")
+
+
+def entries_for_save(
+    state: Mapping[Any, Any], key: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """The state as statekeeper entries: as it is when its keys are valid entry names and it
+    is not a bare mapping of tensors (a model's weights go under ``"model"``); ``key`` puts
+    the whole state under that one name."""
+    if key is not None:
+        if not _valid_name(key):
+            raise InvalidArgumentError(f"entry name {key!r} must be non-empty, without '/' or '$'")
+        return {key: dict(state)}, key
+    weights = bool(state) and all(isinstance(v, torch.Tensor | np.ndarray) for v in state.values())
+    if weights:
+        return {"model": dict(state)}, "model"
+    if all(_valid_name(k) for k in state):
+        return {str(k): v for k, v in state.items()}, None
+    return {"state": dict(state)}, "state"
+
+
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    step: int = 0,
+    key: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> ConvertResult:
+    """Convert ``src`` (any format ``statekeeper.read`` reads) into ``dst``.
+
+    ``dst`` ending in ``.safetensors`` gets one safetensors file with every tensor, keys
+    joined with ``.`` (``key`` selects a sub-tree first); plain values cannot go there and
+    are listed in ``dropped``. Any other ``dst`` is a run directory that gets step ``step``,
+    written by ``statekeeper.save`` (atomic, checksummed, tensors streamed from the source's
+    memory map); ``key`` names the single entry to put the whole source under.
+    """
+    from statekeeper.checkpoint.load import read
+    from statekeeper.checkpoint.save import save
+
+    found = foreign_format(src)
+    fmt = found[1].value if found else "statekeeper"
+    state = read(src, progress=progress)
+    if str(dst).endswith(".safetensors"):
+        tree = select(state, key, str(src)) if key is not None else state
+        tensors: dict[str, torch.Tensor] = {}
+        dropped: list[str] = []
+        for name, value in flat_leaves(tree).items():
+            if isinstance(value, torch.Tensor):
+                tensors[name] = value.detach()
+            elif isinstance(value, np.ndarray) and value.dtype != object:
+                tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
+            else:
+                dropped.append(name)
+        stored, aliases = tie_plan(tensors)
+        size = write_safetensors(dst, stored, aliases=aliases, metadata={"format": "pt"})
+        return ConvertResult(
+            str(src), fmt, str(dst), "safetensors", None, (), len(tensors), size, aliases,
+            tuple(dropped), None,
+        )  # fmt: skip
+    entries, wrapped = entries_for_save(state, key)
+    info = save(dst, entries, step=step, overwrite=overwrite)
+    count = len([v for v in flat_leaves(entries).values() if isinstance(v, torch.Tensor)])
+    return ConvertResult(
+        str(src), fmt, info.path, "statekeeper", info.step, tuple(entries), count, info.bytes,
+        {}, (), wrapped,
+    )  # fmt: skip

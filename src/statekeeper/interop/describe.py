@@ -1,0 +1,127 @@
+"""What a foreign checkpoint holds, for ``statekeeper ls`` and ``inspect``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.interop.accelerate import accelerate_files
+from statekeeper.interop.detect import Format
+from statekeeper.interop.reading import read_foreign
+from statekeeper.interop.safetensors_files import hf_files, tie_plan
+from statekeeper.interop.tree import flat_leaves
+
+__all__ = ["Description", "FileRow", "TensorInfo", "ValueInfo", "describe", "list_files"]
+
+SHORT = 60
+
+
+@dataclass(frozen=True)
+class FileRow:
+    name: str
+    bytes: int
+    role: str
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    key: str
+    shape: list[int]
+    dtype: str
+    bytes: int  # 0 for an alias
+    alias_of: str | None
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    key: str
+    type: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Description:
+    path: str
+    format: str
+    files: list[FileRow]
+    tensors: list[TensorInfo]
+    values: list[ValueInfo]
+    tensor_bytes: int
+    file_bytes: int
+
+
+def _index_files(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        names = list(dict.fromkeys(str(v) for v in dict(weight_map).values()))
+    except (ValueError, TypeError, AttributeError):
+        names = []
+    return [index, *(index.parent / n for n in names)]
+
+
+def list_files(path: str, fmt: Format) -> list[FileRow]:
+    """The files that make up the checkpoint, each with its size and role."""
+    p = Path(path)
+    rows: list[tuple[Path, str]] = []
+    if fmt is Format.DCP:
+        rows = [(p / ".metadata", "metadata")]
+        rows += [(f, "data") for f in sorted(p.glob("*.distcp"))]
+    elif fmt is Format.ACCELERATE:
+        for entry, file in accelerate_files(p).items():
+            files = _index_files(file) if file.name.endswith(".index.json") else [file]
+            rows += [(f, entry) for f in files]
+    elif fmt is Format.HUGGINGFACE:
+        for file in [p] if p.is_file() else hf_files(p):
+            if file.name.endswith(".index.json"):
+                found = _index_files(file)
+                rows += [(found[0], "index"), *((f, "weights") for f in found[1:])]
+            else:
+                rows.append((file, "weights"))
+    else:
+        rows = [(p, str(fmt))]
+    base = p if p.is_dir() else p.parent
+    return [
+        FileRow(str(f.relative_to(base)) if f.is_relative_to(base) else str(f),
+                f.stat().st_size if f.is_file() else 0, role)
+        for f, role in rows
+    ]  # fmt: skip
+
+
+def _summary(value: Any) -> str:
+    text = repr(value)
+    if len(text) <= SHORT:
+        return text
+    if isinstance(value, list | tuple):
+        return f"<{type(value).__name__} of {len(value)}>"
+    return text[: SHORT - 3] + "..."
+
+
+def describe(path: str, fmt: Format) -> Description:
+    """Files, tensors (name, shape, dtype, bytes, tied aliases) and plain values."""
+    state = read_foreign(path, fmt)
+    leaves = flat_leaves(state)
+    tensors: dict[str, torch.Tensor] = {}
+    values: list[ValueInfo] = []
+    for key, value in leaves.items():
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value
+        elif isinstance(value, np.ndarray) and value.dtype != object:
+            tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
+        else:
+            values.append(ValueInfo(key, type(value).__name__, _summary(value)))
+    _, aliases = tie_plan(tensors)
+    rows = [
+        TensorInfo(key, list(t.shape), str(t.dtype).removeprefix("torch."),
+                   0 if key in aliases else t.numel() * t.element_size(), aliases.get(key))
+        for key, t in tensors.items()
+    ]  # fmt: skip
+    files = list_files(path, fmt)
+    return Description(
+        path, str(fmt), files, rows, values,
+        sum(r.bytes for r in rows), sum(f.bytes for f in files),
+    )  # fmt: skip

@@ -1,0 +1,108 @@
+"""Which format a path holds, from names and a few leading bytes (nothing is loaded)."""
+
+from __future__ import annotations
+
+import os
+import re
+from enum import StrEnum
+from pathlib import Path
+
+from statekeeper.checkpoint.naming import EntryKind, parse_entry
+from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
+from statekeeper.format.manifest import MANIFEST
+from statekeeper.interop.pickled import is_torch_file
+
+__all__ = ["ACCELERATE_FILES", "Format", "detect", "foreign_format", "is_accelerate_file"]
+
+
+class Format(StrEnum):
+    """A checkpoint format statekeeper reads."""
+
+    STATEKEEPER = "statekeeper"  # a run or step directory
+    SAFETENSORS = "safetensors"  # one .safetensors file
+    HUGGINGFACE = "huggingface"  # an index (.index.json) or a folder of model weights
+    TORCH = "torch"  # a torch.save file: .pt, .pth, .bin (zip or legacy)
+    LIGHTNING = "lightning"  # a Lightning .ckpt (a torch.save file)
+    ACCELERATE = "accelerate"  # an Accelerator.save_state folder
+    DCP = "dcp"  # a torch.distributed.checkpoint folder
+
+
+ACCELERATE_FILES = re.compile(
+    r"(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin|random_states_\d+\.pkl|"
+    r"scaler\.pt|custom_checkpoint_\d+\.pkl"
+)
+"""Files that only an Accelerate ``save_state`` folder holds besides the model weights."""
+
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".tar")
+
+
+def is_accelerate_file(name: str) -> bool:
+    return ACCELERATE_FILES.fullmatch(name) is not None
+
+
+def _is_statekeeper_dir(path: Path) -> bool:
+    if (path / MANIFEST).is_file():
+        return True
+    for child in path.iterdir():
+        parsed = parse_entry(child.name)
+        if parsed is not None and parsed.kind is EntryKind.COMMITTED:
+            return True
+    return False
+
+
+def _detect_dir(path: Path) -> Format | None:
+    if _is_statekeeper_dir(path):
+        return Format.STATEKEEPER
+    names = {child.name for child in path.iterdir()}
+    if ".metadata" in names and any(n.endswith(".distcp") for n in names):
+        return Format.DCP
+    if any(is_accelerate_file(n) for n in names):
+        return Format.ACCELERATE
+    if any(n.endswith((".index.json", ".safetensors")) or n == "pytorch_model.bin" for n in names):
+        return Format.HUGGINGFACE
+    return None
+
+
+def _detect_file(path: Path) -> Format:
+    name = path.name
+    if name.endswith(".index.json"):
+        return Format.HUGGINGFACE
+    if name.endswith(".safetensors"):
+        return Format.SAFETENSORS
+    if is_torch_file(path):
+        return Format.LIGHTNING if name.endswith(".ckpt") else Format.TORCH
+    if name.endswith(_TORCH_SUFFIXES):
+        raise CorruptCheckpointError(
+            str(path), "does not start like a torch.save file (zip or pickle)"
+        )
+    raise InvalidArgumentError(
+        f"{path}: not a checkpoint format statekeeper reads (statekeeper run or step "
+        "directories, .safetensors, *.index.json, torch.save files .pt/.pth/.bin, Lightning "
+        ".ckpt, Accelerate save_state folders, DCP folders)"
+    )
+
+
+def detect(path: str | os.PathLike[str]) -> Format | None:
+    """The format of a local ``path``; None for a directory that holds none of them."""
+    p = Path(path)
+    if p.is_dir():
+        return _detect_dir(p)
+    if p.is_file():
+        return _detect_file(p)
+    raise FileNotFoundError(f"{p}: no such file or directory")
+
+
+def foreign_format(target: object) -> tuple[str, Format] | None:
+    """``(path, format)`` of a foreign ``target``; None when statekeeper's own reader applies.
+
+    Only existing local paths can be foreign: storages, URLs (``scheme://``), missing paths
+    and directories that are no other format go to the statekeeper reader, which gives its
+    usual errors.
+    """
+    if not isinstance(target, str | os.PathLike):
+        return None
+    text = os.fspath(target)
+    if "://" in text or not Path(text).exists():
+        return None
+    found = detect(text)
+    return None if found is None or found is Format.STATEKEEPER else (text, found)

@@ -1,0 +1,210 @@
+"""Comparing two checkpoints of any readable formats, one tensor at a time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.interop.tree import WRAPPER_PREFIXES, flat_leaves, select, strip_prefixes
+
+__all__ = ["WRAPPER_PREFIXES", "Change", "DiffResult", "TensorDiff", "compare_states", "diff"]
+
+_CHUNK = 1 << 22  # elements compared at a time (bounded float64 temporaries)
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """A tensor present in both, of the same shape: its largest differences.
+
+    ``max_abs`` is ``max |a - b|``; ``max_rel`` is ``max |a - b| / |b|`` (``inf`` where b is
+    0 and a is not). NaNs in the same places count as equal; elsewhere they make both ``nan``.
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    dtype_a: str
+    dtype_b: str
+    max_abs: float
+    max_rel: float
+    equal: bool  # within atol/rtol (exactly equal when both are 0)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A key whose kind, shape or dtype differs, or a plain value that differs."""
+
+    key: str
+    what: str  # "shape", "dtype", "type" or "value"
+    a: str
+    b: str
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """What ``diff`` found; ``equal`` is True when nothing differs."""
+
+    a: str
+    b: str
+    only_a: tuple[str, ...]
+    only_b: tuple[str, ...]
+    changed: tuple[Change, ...]
+    different: tuple[TensorDiff, ...]  # outside tolerance, largest max_abs first
+    equal_tensors: tuple[str, ...]
+    equal_values: int
+    atol: float
+    rtol: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def equal(self) -> bool:
+        return not (self.only_a or self.only_b or self.changed or self.different)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["equal"] = self.equal
+        return data
+
+
+def _as_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return torch.from_numpy(np.ascontiguousarray(value))
+    return None
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _compare(key: str, a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> TensorDiff:
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
+    max_abs = max_rel = 0.0
+    within = True
+    for start in range(0, fa.numel(), _CHUNK):
+        x = fa[start : start + _CHUNK].to(wide)
+        y = fb[start : start + _CHUNK].to(wide)
+        both_nan = torch.isnan(x) & torch.isnan(y)
+        delta = torch.where(both_nan, 0, (x - y).abs()).real
+        scale = y.abs().real
+        delta = torch.where(torch.isnan(delta), math.inf, delta)  # a nan against a number
+        rel = torch.where(delta == 0, 0, delta / scale)
+        if delta.numel():
+            max_abs = max(max_abs, float(delta.max()))
+            max_rel = max(max_rel, float(rel.max()))
+            tolerance = atol + rtol * torch.nan_to_num(scale, nan=0.0)
+            within = within and bool(((delta <= tolerance) | both_nan).all())
+    exact = atol == 0 and rtol == 0
+    equal = within and (not exact or max_abs == 0)
+    return TensorDiff(key, tuple(a.shape), _dtype(a), _dtype(b), max_abs, max_rel, equal)
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    try:
+        return bool(x == y) or (x != x and y != y)
+    except (TypeError, ValueError, RuntimeError):
+        return repr(x) == repr(y)
+
+
+def compare_states(
+    a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, names: tuple[str, str] = ("A", "B"),
+    progress: Callable[[int, int], None] | None = None,
+) -> DiffResult:  # fmt: skip
+    """Compare two already-read states (nested or flat); see :func:`diff`."""
+    if atol < 0 or rtol < 0 or not (math.isfinite(atol) and math.isfinite(rtol)):
+        raise InvalidArgumentError(f"atol and rtol must be finite and >= 0, got {atol}, {rtol}")
+    fa, fb = flat_leaves(a), flat_leaves(b)
+    only_a = tuple(k for k in fa if k not in fb)
+    only_b = tuple(k for k in fb if k not in fa)
+    changed: list[Change] = []
+    different: list[TensorDiff] = []
+    equal_tensors: list[str] = []
+    equal_values = 0
+    common = [k for k in fa if k in fb]
+    for n, key in enumerate(common):
+        x, y = fa[key], fb[key]
+        tx, ty = _as_tensor(x), _as_tensor(y)
+        if (tx is None) != (ty is None):
+            changed.append(Change(key, "type", type(x).__name__, type(y).__name__))
+        elif tx is not None and ty is not None:
+            if tx.shape != ty.shape:
+                changed.append(Change(key, "shape", str(tuple(tx.shape)), str(tuple(ty.shape))))
+                continue
+            if tx.dtype != ty.dtype:
+                changed.append(Change(key, "dtype", _dtype(tx), _dtype(ty)))
+            result = _compare(key, tx, ty, atol, rtol)
+            (equal_tensors.append(key) if result.equal else different.append(result))
+        elif _same_value(x, y):
+            equal_values += 1
+        else:
+            changed.append(Change(key, "value", repr(x)[:200], repr(y)[:200]))
+        if progress is not None:
+            progress(n + 1, len(common))
+    different.sort(key=lambda d: (-_order(d.max_abs), -_order(d.max_rel), d.key))
+    return DiffResult(
+        names[0], names[1], only_a, only_b, tuple(changed), tuple(different),
+        tuple(equal_tensors), equal_values, atol, rtol,
+    )  # fmt: skip
+
+
+def _order(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
+def diff(
+    a: str | Path | Any,
+    b: str | Path | Any,
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    key: str | None = None,
+    strip: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> DiffResult:
+    """Compare two checkpoints of any readable formats (paths, or states already read).
+
+    Leaves are matched by their key path joined with ``.`` (``model.fc.weight``). ``key``
+    compares the sub-tree ``key`` of each side that has it (a side without it is compared
+    whole, so ``diff(run, "model.safetensors", key="model")`` works). ``strip`` removes
+    prefixes from every key: pass :data:`WRAPPER_PREFIXES` (``module.``, ``_orig_mod.``)
+    to ignore DDP and ``torch.compile`` wrappers. Tensors are equal when every element
+    satisfies ``|a - b| <= atol + rtol * |b|`` (bitwise-equal values when both are 0).
+    """
+    from statekeeper.checkpoint.load import read
+
+    states = []
+    for side in (a, b):
+        states.append(read(side) if isinstance(side, str | Path) else side)
+    label = [str(s) if isinstance(s, str | Path) else n for s, n in ((a, "A"), (b, "B"))]
+    notes: list[str] = []
+    if key is not None:
+        has = [isinstance(s, dict) and _has_key(s, key) for s in states]
+        if not any(has):
+            raise InvalidArgumentError(f"neither {label[0]} nor {label[1]} has an entry {key!r}")
+        for i in range(2):
+            if has[i]:
+                states[i] = select(states[i], key, label[i])
+            else:
+                notes.append(f"{label[i]} has no entry {key!r}: compared whole")
+    flats = [strip_prefixes(flat_leaves(s), tuple(strip)) for s in states]
+    result = compare_states(flats[0], flats[1], atol=atol, rtol=rtol, names=(label[0], label[1]),
+                            progress=progress)  # fmt: skip
+    if strip:
+        notes.append(f"stripped prefixes {', '.join(map(repr, strip))}")
+    return replace(result, notes=tuple(notes))
+
+
+def _has_key(state: dict[str, Any], key: str) -> bool:
+    try:
+        select(state, key, "")
+    except InvalidArgumentError:
+        return False
+    return True

@@ -1,0 +1,139 @@
+"""Slim inference weights: one module's tensors in one safetensors file.
+
+Only the module's ``state_dict`` goes out: no optimizer, RNG, scheduler, counters or other
+values (they are listed as dropped). A ``state_dict`` holds parameters and *persistent*
+buffers only, so transient attributes and buffers registered with ``persistent=False`` were
+never in the checkpoint. Tied weights (the same memory under two names, such as an
+embedding and an output head) are stored once; every other name is recorded in the header
+metadata ``"aliases"`` and expanded again by ``statekeeper.read``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.interop.lightning import WEIGHTS_KEY, is_lightning
+from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
+from statekeeper.interop.tree import flat_leaves, select, strip_prefixes
+
+__all__ = ["DTYPES", "ExportResult", "export", "parse_dtype", "weights_of"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What ``export`` wrote."""
+
+    path: str
+    key: str | None  # the sub-tree exported (None: the whole state)
+    tensors: int  # names in the file, aliases included
+    stored: int  # tensors stored (each tied group once)
+    aliases: dict[str, str]  # alias -> stored name
+    bytes: int
+    dtype: str | None
+    dropped: tuple[str, ...]  # non-tensor leaves left out
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``"bf16"`` -> ``torch.bfloat16``; only floating dtypes are accepted."""
+    if name is None or isinstance(name, torch.dtype):
+        if isinstance(name, torch.dtype) and name not in DTYPES.values():
+            raise InvalidArgumentError(f"dtype must be bfloat16, float16 or float32, not {name}")
+        return name
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise InvalidArgumentError(f"dtype {name!r} is not one of {', '.join(DTYPES)}") from None
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor | np.ndarray)
+
+
+def _module_like(value: Any) -> bool:
+    return (
+        isinstance(value, Mapping)
+        and bool(value)
+        and all(isinstance(k, str) and _is_tensor(v) for k, v in value.items())
+    )
+
+
+def weights_of(state: Mapping[str, Any], key: str | None, where: str) -> tuple[Any, str | None]:
+    """The module sub-tree to export: ``key``, else the state itself when it is a flat
+    mapping of tensors, a Lightning ``state_dict``, a ``"model"`` entry, or the only
+    module-like entry."""
+    if key is not None:
+        return select(state, key, where), key
+    if _module_like(state):
+        return state, None
+    if is_lightning(state):
+        return state[WEIGHTS_KEY], WEIGHTS_KEY
+    if isinstance(state.get("model"), Mapping):
+        return state["model"], "model"
+    candidates = [k for k, v in state.items() if _module_like(v)]
+    if len(candidates) == 1:
+        return state[candidates[0]], candidates[0]
+    shown = ", ".join(map(repr, candidates or list(state)[:20]))
+    raise InvalidArgumentError(
+        f"{where}: cannot tell which entry holds the model weights (candidates: {shown}); "
+        "pass key= (--key) to choose"
+    )
+
+
+def export(
+    src: str | Path | Mapping[str, Any],
+    out: str | Path,
+    *,
+    key: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    strip: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> ExportResult:
+    """Write the inference weights of ``src`` (a path in any readable format, or a state
+    already read) to the safetensors file ``out``.
+
+    ``key`` picks the module sub-tree (default: see :func:`weights_of`); ``dtype``
+    (``"bf16"``, ``"fp16"``, ``"fp32"``) casts floating tensors; ``strip`` removes key
+    prefixes (pass ``WRAPPER_PREFIXES`` for ``module.`` / ``_orig_mod.``). Tied tensors are
+    stored once with their aliases in the metadata; ``statekeeper.read(out)`` gives every
+    name back, so ``model.load_state_dict(statekeeper.read(out))`` works.
+    """
+    from statekeeper.checkpoint.load import read
+
+    where = str(src) if isinstance(src, str | Path) else "state"
+    state = read(src) if isinstance(src, str | Path) else dict(src)
+    cast = parse_dtype(dtype)
+    tree, used = weights_of(state, key, where)
+    flat = strip_prefixes(flat_leaves(tree), tuple(strip))
+    tensors: dict[str, torch.Tensor] = {}
+    dropped: list[str] = []
+    for name, value in flat.items():
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
+        elif isinstance(value, torch.Tensor):
+            tensors[name] = value.detach()
+        else:
+            dropped.append(name)
+    if not tensors:
+        raise InvalidArgumentError(f"{where}: the sub-tree {used!r} holds no tensors to export")
+    stored, aliases = tie_plan(tensors)
+    if cast is not None:
+        stored = {n: t.to(cast) if t.is_floating_point() else t for n, t in stored.items()}
+    size = write_safetensors(out, stored, aliases=aliases, metadata={"format": "pt"},
+                             progress=progress)  # fmt: skip
+    return ExportResult(
+        str(out), used, len(tensors), len(stored), aliases, size,
+        None if cast is None else str(cast).removeprefix("torch."), tuple(dropped),
+    )  # fmt: skip

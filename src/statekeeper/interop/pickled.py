@@ -1,0 +1,140 @@
+"""``torch.save`` files opened the only safe way: ``torch.load(weights_only=True)``.
+
+A file that needs anything more is refused with :class:`UnsafePickleError`, which lists the
+globals the file asks for. They are found by disassembling the pickle (see
+:mod:`statekeeper.interop.opcodes`), never by running it. A file that is not a complete
+``torch.save`` file (truncated, damaged) is a :class:`CorruptCheckpointError` naming it.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from statekeeper.errors import CorruptCheckpointError, UnsafePickleError
+from statekeeper.interop.opcodes import scan_stream
+
+__all__ = ["ZIP_MAGIC", "is_torch_file", "load_torch_bytes", "load_torch_file", "numpy_globals"]
+
+ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_MAGIC = b"\x80"  # PROTO: the legacy torch.save format starts with a pickle
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
+def is_torch_file(path: Path) -> bool:
+    """Whether ``path`` starts like a ``torch.save`` file (zip or legacy pickle)."""
+    head = _head(path)
+    return head == ZIP_MAGIC or head[:1] == _PICKLE_MAGIC
+
+
+def numpy_globals() -> list[Any]:
+    """The numpy constructors an ndarray pickle needs, as torch documents for weights_only.
+
+    Used only for Accelerate's ``random_states_*.pkl`` (numpy's RNG state is an array).
+    Arrays are rebuilt from raw bytes; an object array's items still go through the
+    weights-only unpickler, so nothing else becomes importable.
+    """
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [type(np.dtype(t)) for t in ("uint32", "int64", "float64", "uint8", "bool")]
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
+
+
+def _pickle_globals(source: Path | bytes) -> tuple[list[str], str | None]:
+    """Every global the file's pickles name (static: nothing is run), and why the scan
+    stopped early (None when it read everything it should)."""
+    stream = io.BytesIO(source) if isinstance(source, bytes) else source
+    if zipfile.is_zipfile(stream):
+        try:
+            with zipfile.ZipFile(stream) as archive:
+                names = [n for n in archive.namelist() if n.endswith("data.pkl")]
+                if not names:
+                    return [], "a zip archive without data.pkl"
+                return scan_stream(io.BytesIO(archive.read(names[0]))), None
+        except (ValueError, zipfile.BadZipFile, OSError) as exc:
+            return [], str(exc)
+    if (source[:4] if isinstance(source, bytes) else _head(source)) == ZIP_MAGIC:
+        return [], "the zip archive is incomplete (no central directory)"
+    found: list[str] = []
+    # the legacy format: pickles of the magic number, protocol, sys info, then the object
+    with io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb") as f:
+        size = f.seek(0, io.SEEK_END)
+        f.seek(0)
+        for _ in range(4):
+            if f.tell() == size:
+                break
+            try:
+                found += [g for g in scan_stream(f) if g not in found]
+            except ValueError as exc:
+                return found, str(exc)
+    return found, None
+
+
+def _allowed(extra: Sequence[Any]) -> set[str]:
+    from torch import _weights_only_unpickler as wu
+
+    names = set(wu._get_allowed_globals()) | set(wu._get_user_allowed_globals())  # type: ignore[no-untyped-call]
+    return names | {f"{g.__module__}.{g.__qualname__}" for g in extra}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for marker in ("WeightsUnpickler error: ", "Unsupported operand"):
+        if marker in text:
+            text = text[text.index(marker) :].removeprefix("WeightsUnpickler error: ")
+    return (text.splitlines() or [type(exc).__name__])[0][:300].rstrip(".")
+
+
+def _explain(
+    path: Path, exc: BaseException, extra: Sequence[Any], data: bytes | None = None
+) -> Exception:
+    asked, incomplete = _pickle_globals(path if data is None else data)
+    refused = [g for g in asked if g not in _allowed(extra)]
+    if refused:  # refused whether or not the rest of the file is intact
+        return UnsafePickleError(str(path), refused)
+    if incomplete is not None:
+        return CorruptCheckpointError(
+            str(path), f"truncated or damaged torch.save file: {incomplete}"
+        )
+    if type(exc).__name__ == "UnpicklingError":
+        return UnsafePickleError(str(path), [], _first_line(exc))
+    return CorruptCheckpointError(
+        str(path), f"truncated or damaged torch.save file: {_first_line(exc)}"
+    )
+
+
+def load_torch_file(path: str | Path, *, allow: Sequence[Any] = ()) -> Any:
+    """The object in a ``torch.save`` file, tensors on the CPU (memory-mapped when zipped).
+
+    Only ``torch.load(weights_only=True)`` is used; ``allow`` adds classes or functions to
+    its allowlist for this call (statekeeper passes only :func:`numpy_globals`).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file")
+    zipped = zipfile.is_zipfile(p)
+    try:
+        with torch.serialization.safe_globals(list(allow)), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(p, map_location="cpu", weights_only=True, mmap=zipped)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        raise _explain(p, exc, allow) from None
+
+
+def load_torch_bytes(data: bytes, where: str) -> Any:
+    """The object in ``torch.save`` bytes (one DCP item); ``where`` names it in errors."""
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise _explain(Path(where), exc, (), data) from None

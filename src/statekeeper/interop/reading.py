@@ -1,0 +1,53 @@
+"""One entry point over every reader: the format of a path and its plain nested state."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.interop.accelerate import read_accelerate
+from statekeeper.interop.dcp import read_dcp
+from statekeeper.interop.detect import Format
+from statekeeper.interop.lightning import read_lightning
+from statekeeper.interop.pickled import load_torch_file
+from statekeeper.interop.safetensors_files import read_hf, read_safetensors
+
+__all__ = ["ROOT_KEY", "read_foreign"]
+
+Progress = Callable[[int, int], None]
+ROOT_KEY = "state"
+"""A torch.save file whose top level is not a dict is returned as ``{ROOT_KEY: obj}``."""
+
+
+def read_foreign(
+    path: str | os.PathLike[str], fmt: Format, *, step: int | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The plain nested state of a foreign checkpoint, tensors on the CPU."""
+    if step is not None:
+        raise InvalidArgumentError(
+            f"{path} is a {fmt} checkpoint, which has no steps; do not pass step={step}"
+        )
+    p = Path(path)
+    state: Any
+    if fmt is Format.SAFETENSORS:
+        state = read_safetensors(p)
+    elif fmt is Format.HUGGINGFACE:
+        state = read_hf(p, progress)
+    elif fmt is Format.DCP:
+        state = read_dcp(p, progress)
+    elif fmt is Format.ACCELERATE:
+        state = read_accelerate(p, progress)
+    elif fmt is Format.LIGHTNING:
+        state = read_lightning(p)
+    elif fmt is Format.TORCH:
+        state = load_torch_file(p)
+    else:
+        raise InvalidArgumentError(f"{path}: {fmt} is not a foreign format")
+    if progress is not None and fmt in (Format.SAFETENSORS, Format.LIGHTNING, Format.TORCH):
+        size = p.stat().st_size
+        progress(size, size)
+    return state if isinstance(state, dict) else {ROOT_KEY: state}

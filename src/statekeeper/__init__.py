@@ -33,22 +33,29 @@ from statekeeper.checkpoint.save import save
 from statekeeper.data.loader import ResumableLoader
 from statekeeper.data.sampler import ResumableBatchSampler, ResumableSampler
 from statekeeper.data.seeding import SeededDataset
+from statekeeper.distributed.scope import PerRank, Scope
 from statekeeper.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     KeyMismatchError,
     LoadStateError,
+    RankFailure,
     StatekeeperError,
     StepExistsError,
     StepNotFoundError,
     StorageError,
+    UnsafePickleError,
     UnsupportedFormatError,
     UnsupportedValueError,
     WriterConflictError,
 )
+from statekeeper.interop.convert import convert
+from statekeeper.interop.diff import DiffResult, diff
+from statekeeper.interop.export import export
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import Stateful, Value
-from statekeeper.storage.base import Storage, Transaction
+from statekeeper.storage.base import SharedStorage, Storage, Transaction
+from statekeeper.storage.fsspec import FsspecStorage
 from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.memory import InjectedFailure, MemoryStorage
 
@@ -75,10 +82,16 @@ __all__ = [
     "SavePolicy",
     "SeededDataset",
     "CorruptCheckpointError",
+    "DiffResult",
     "InjectedFailure",
     "InvalidArgumentError",
     "KeyMismatchError",
     "LoadStateError",
+    "RankFailure",
+    "PerRank",
+    "Scope",
+    "SharedStorage",
+    "FsspecStorage",
     "LocalStorage",
     "MemoryStorage",
     "RestoreInfo",
@@ -91,6 +104,7 @@ __all__ = [
     "StorageError",
     "Strict",
     "Transaction",
+    "UnsafePickleError",
     "UnsupportedFormatError",
     "UnsupportedValueError",
     "Value",
@@ -101,6 +115,9 @@ __all__ = [
     "get_swa_avg_fn",
     "get_swa_multi_avg_fn",
     "average_checkpoints",
+    "convert",
+    "diff",
+    "export",
     "list_checkpoints",
     "list_partial",
     "load",

@@ -5,6 +5,7 @@ The tree::
     StatekeeperError
     ├── CorruptCheckpointError (ValueError)     a file is missing, truncated, or fails its checksum
     ├── UnsupportedFormatError (ValueError)     the manifest's format or version is not one we read
+    ├── UnsafePickleError (ValueError)          a pickle-based file needs more than weights_only
     ├── KeyMismatchError (KeyError)             checkpoint and live state disagree
     ├── UnsupportedValueError (TypeError)       a value that cannot be stored without pickle
     ├── StepNotFoundError (FileNotFoundError)   no such committed step (or no step at all)
@@ -12,6 +13,7 @@ The tree::
     ├── WriterConflictError (BlockingIOError)   another live writer holds the run directory
     ├── InvalidArgumentError (ValueError)       an argument is out of range or of the wrong kind
     ├── LoadStateError (RuntimeError)           an object's own load_state_dict() rejected its state
+    ├── RankFailure (RuntimeError)              another rank of a distributed save/load failed
     └── StorageError (OSError)                  the storage backend failed an operation
 
 Each subclass also derives from the builtin that fits, so ``except FileNotFoundError`` keeps
@@ -27,10 +29,12 @@ __all__ = [
     "InvalidArgumentError",
     "KeyMismatchError",
     "LoadStateError",
+    "RankFailure",
     "StatekeeperError",
     "StepExistsError",
     "StepNotFoundError",
     "StorageError",
+    "UnsafePickleError",
     "UnsupportedFormatError",
     "UnsupportedValueError",
     "WriterConflictError",
@@ -63,6 +67,31 @@ class UnsupportedFormatError(StatekeeperError, ValueError):
         super().__init__(
             f"{path}: format version {found!r} is not supported (this release reads "
             f"{', '.join(map(repr, self.supported))}); upgrade statekeeper to read it."
+        )
+
+
+class UnsafePickleError(StatekeeperError, ValueError):
+    """A pickle-based file (``torch.save``, Lightning, Accelerate) asks for more than tensors.
+
+    It was refused, never loaded: ``torch.load`` with ``weights_only=True`` would have had to
+    import ``globals`` (``module.name`` strings found by reading the pickle's opcodes, nothing
+    run).
+    """
+
+    def __init__(self, path: str, globals_: Sequence[str], reason: str = "") -> None:
+        self.path = path
+        self.globals = tuple(globals_)
+        what = (
+            f"it asks for {len(self.globals)} global(s) that weights_only loading does not "
+            f"allow: {', '.join(self.globals)}"
+            if self.globals
+            else f"weights_only loading cannot read it ({reason or 'unsupported pickle'})"
+        )
+        super().__init__(
+            f"{path}: refused to load this pickle file: {what}. Nothing from it was executed. "
+            "Fix: re-save it holding only tensors and plain values (e.g. torch.save(model."
+            "state_dict(), path)), or convert it with `statekeeper convert` in an environment "
+            "where you trust the file and its code."
         )
 
 
@@ -128,3 +157,13 @@ class InvalidArgumentError(StatekeeperError, ValueError):
 
 class LoadStateError(StatekeeperError, RuntimeError):
     """An object's own ``load_state_dict`` rejected the state statekeeper handed it."""
+
+
+class RankFailure(StatekeeperError, RuntimeError):
+    """Another rank failed during a collective save or load; the message names it and why.
+
+    ``kinds`` holds the class names of the errors the failing ranks raised."""
+
+    def __init__(self, message: str, kinds: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.kinds = tuple(kinds)

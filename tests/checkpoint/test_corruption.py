@@ -341,14 +341,25 @@ def test_wrong_format_name(tmp_path: Path, pristine: dict[str, bytes], resign: b
 
 
 @pytest.mark.parametrize("resign", [False, True], ids=["plain", "resigned"])
-def test_version_2_is_unsupported(tmp_path: Path, pristine: dict[str, bytes], resign: bool) -> None:
-    text = pristine[MANIFEST].decode("ascii").replace('\n"version":1,\n', '\n"version":2,\n')
+def test_version_3_is_unsupported(tmp_path: Path, pristine: dict[str, bytes], resign: bool) -> None:
+    text = pristine[MANIFEST].decode("ascii").replace('\n"version":1,\n', '\n"version":3,\n')
     content = _resign(text) if resign else text.encode()
     run = _write_run(tmp_path, {**pristine, MANIFEST: content})
     error = assert_rejected(run, MANIFEST)
     assert isinstance(error, UnsupportedFormatError)
-    assert error.found == 2 and error.supported == (1,)
-    assert "format version 2 is not supported (this release reads 1)" in str(error)
+    assert error.found == 3 and error.supported == (1, 2)
+    assert "format version 3 is not supported (this release reads 1, 2)" in str(error)
+
+
+@pytest.mark.parametrize("resign", [False, True], ids=["plain", "resigned"])
+def test_version_2_without_its_members_is_corrupt(
+    tmp_path: Path, pristine: dict[str, bytes], resign: bool
+) -> None:
+    text = pristine[MANIFEST].decode("ascii").replace('\n"version":1,\n', '\n"version":2,\n')
+    content = _resign(text) if resign else text.encode()
+    run = _write_run(tmp_path, {**pristine, MANIFEST: content})
+    error = assert_rejected(run, MANIFEST)
+    assert isinstance(error, CorruptCheckpointError)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
 
+import torch.distributed as dist
+
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial
@@ -23,9 +25,11 @@ from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_st
 from statekeeper.checkpoint.policies import Retention, SavePolicy
 from statekeeper.checkpoint.save import capture, frozen_names
 from statekeeper.checkpoint.writer import prepare, write_step
+from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
+    RankFailure,
     StatekeeperError,
     UnsupportedFormatError,
 )
@@ -35,6 +39,7 @@ from statekeeper.state.rng import Generator, RNGState
 __all__ = ["RNG_ENTRY", "Checkpointer"]
 
 RNG_ENTRY = "rng"
+_DAMAGED = {CorruptCheckpointError.__name__, UnsupportedFormatError.__name__}
 
 
 class Checkpointer:
@@ -46,6 +51,11 @@ class Checkpointer:
     With ``async_save=True``, ``save`` / ``maybe_save`` return once the tensors are copied to
     reusable host buffers and a background thread writes, commits and applies retention; a
     failure is raised by the next save, by :meth:`wait` and by :meth:`close`.
+
+    In a multi-process job (``scope=Scope.AUTO`` with ``torch.distributed`` initialized) make
+    one Checkpointer on every rank and call its methods on every rank: saves and loads are
+    collective (see docs/distributed.md); rank 0 holds the lock, commits and applies
+    retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
     """
 
     def __init__(
@@ -58,6 +68,7 @@ class Checkpointer:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         clock: Callable[[], float] = time.monotonic,
         async_save: bool = False,
+        scope: Scope = Scope.AUTO,
     ) -> None:
         if keep is not None and not isinstance(keep, Retention):
             raise InvalidArgumentError(
@@ -68,13 +79,23 @@ class Checkpointer:
                 f"every must be a save policy such as EverySteps(100), got {every!r}"
             )
         self.storage = resolve_storage(directory)
+        self._scope = scope
+        self._distributed = is_distributed(scope)
+        if self._distributed and async_save:
+            raise InvalidArgumentError(
+                "async_save=True is not supported for distributed saves yet; use "
+                "async_save=False, or scope=Scope.LOCAL to checkpoint from one process"
+            )
+        # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
+        self._leader = not self._distributed or dist.get_rank() == 0
         self.keep = keep
         self.every = every
         self.rng = RNGState(generators)
         self._shard_bytes = shard_bytes
         self._clock = clock
         self._stack = ExitStack()
-        self._stack.enter_context(self.storage.writer_lock())
+        if self._leader:
+            self._stack.enter_context(self.storage.writer_lock())
         self._resumed_from: int | None = None
         self._last_save = clock()
         self._closed = False
@@ -98,13 +119,16 @@ class Checkpointer:
         """
         self._check_open()
         self.wait()
-        for partial in list_partial(self.storage):
-            self.storage.remove(partial.name)
+        if self._leader:
+            for partial in list_partial(self.storage):
+                self.storage.remove(partial.name)
         full = self._with_rng(state)
         for parsed in reversed(committed(self.storage)):
             try:
-                info = load(self.storage, full, step=parsed.step, strict=strict)
-            except (CorruptCheckpointError, UnsupportedFormatError) as exc:
+                info = load(self.storage, full, step=parsed.step, strict=strict, scope=self._scope)
+            except (CorruptCheckpointError, UnsupportedFormatError, RankFailure) as exc:
+                if isinstance(exc, RankFailure) and not set(exc.kinds) <= _DAMAGED:
+                    raise
                 warnings.warn(
                     f"statekeeper: skipping damaged step {parsed.step}: {exc}",
                     StatekeeperWarning,
@@ -136,6 +160,14 @@ class Checkpointer:
         """Save now (RNG included), then apply retention (in the background if async)."""
         self._check_open()
         full = self._with_rng(state)
+        if self._distributed:
+            from statekeeper.distributed.save import save_distributed
+
+            info = save_distributed(self.storage, full, step=step, metrics=metrics)
+            self._last_save = self._clock()
+            if self._leader:
+                self._retain(info.step)
+            return info
         options: dict[str, Any] = {"frozen": frozen_names(full), "shard_bytes": self._shard_bytes}
         if self._writer is not None:
             prepared = prepare(capture(full), metrics)

@@ -10,10 +10,13 @@ from typing import Any
 import torch
 
 from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.location import PathOrStorage, locate
+from statekeeper.checkpoint.location import PathOrStorage, locate, resolve_storage
 from statekeeper.checkpoint.reader import Progress, read_step
 from statekeeper.data.torchdata import is_stateful_dataloader, restore_loader
+from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
+from statekeeper.interop.detect import foreign_format
+from statekeeper.interop.reading import read_foreign
 from statekeeper.state.modules import unwrap
 from statekeeper.state.optimizer import parameter_names, to_positional
 from statekeeper.state.rng import RNGState
@@ -152,6 +155,7 @@ def load(
     step: int | None = None,
     strict: Strict = Strict.EXACT,
     progress: Progress | None = None,
+    scope: Scope = Scope.AUTO,
 ) -> RestoreInfo:
     """Load a committed step (the newest unless ``step`` is given) into the live ``state``.
 
@@ -159,6 +163,10 @@ def load(
     first ``load_state_dict`` is called: a damaged checkpoint or a mismatch leaves the live
     objects untouched. Optimizer state is matched to parameters by name; ``RNGState``
     entries are restored last.
+
+    In a multi-process job the default ``scope=Scope.AUTO`` makes this a collective (call it
+    on every rank): each rank reads only the chunks its current shards need, in any world
+    size; see docs/distributed.md.
     """
     if not isinstance(strict, Strict):
         raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {strict!r}")
@@ -166,6 +174,10 @@ def load(
         raise InvalidArgumentError(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
         )
+    if is_distributed(scope):
+        from statekeeper.distributed.load import load_distributed
+
+        return load_distributed(resolve_storage(directory), state, step=step, strict=strict)
     verified = read_step(locate(directory, step), progress)
     prepared = dict(verified.state)
     problems = _check(prepared, state, strict)
@@ -199,6 +211,11 @@ def read(
     """The plain nested state of a checkpoint (tensors on CPU), no live objects needed.
 
     ``directory`` is a run directory (the newest step, or ``step``) or a step directory.
-    Tensors that shared memory when saved share it again.
+    Tensors that shared memory when saved share it again. A local path in another format
+    (``torch.save`` file, safetensors file or folder, Lightning, Accelerate, DCP) is read
+    safely by :mod:`statekeeper.interop` (see docs/interop.md).
     """
+    foreign = foreign_format(directory)
+    if foreign is not None:
+        return read_foreign(*foreign, step=step, progress=progress)
     return read_step(locate(directory, step), progress).state

@@ -10,6 +10,7 @@ from statekeeper.errors import InvalidArgumentError, StepNotFoundError
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.base import Storage
 from statekeeper.storage.local import LocalStorage
+from statekeeper.storage.urls import is_url, storage_for_url
 
 __all__ = ["Location", "committed", "locate", "resolve_storage", "validate_step"]
 
@@ -17,7 +18,10 @@ PathOrStorage = str | os.PathLike[str] | Storage
 
 
 def resolve_storage(directory: PathOrStorage) -> Storage:
-    """A Storage for ``directory`` (a path becomes a :class:`LocalStorage`)."""
+    """A Storage for ``directory``: a path becomes a :class:`LocalStorage`, a URL
+    (``file://``, ``memory://``, ``s3://``, ...) the storage :func:`storage_for_url` picks."""
+    if isinstance(directory, str) and is_url(directory):
+        return storage_for_url(directory)
     if isinstance(directory, str | os.PathLike):
         return LocalStorage(directory)
     if isinstance(directory, Storage):
@@ -56,8 +60,18 @@ class Location:
 def locate(directory: PathOrStorage, step: int | None) -> Location:
     """The committed step ``step`` (newest when None) of a run directory.
 
-    A local path that is itself a step directory (it holds ``manifest.json``) is accepted too.
+    A path or URL that is itself a step directory (it holds ``manifest.json``) is accepted
+    too.
     """
+    if isinstance(directory, str) and is_url(directory):
+        parent, _, last = directory.rstrip("/").rpartition("/")
+        parsed = parse_entry(last)
+        if parsed is not None and parsed.kind is EntryKind.COMMITTED and "://" in parent:
+            if step is not None and step != parsed.step:
+                raise InvalidArgumentError(f"{directory} is a single step; do not pass step={step}")
+            storage = resolve_storage(parent)
+            if last in storage.entries():
+                return Location(storage, last, parsed.step)
     if isinstance(directory, str | os.PathLike) and (Path(directory) / MANIFEST).is_file():
         path = Path(directory).resolve()
         parsed = parse_entry(path.name)

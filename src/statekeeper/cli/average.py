@@ -10,6 +10,7 @@ from statekeeper.averaging.offline import average_checkpoints, normalize_weights
 from statekeeper.checkpoint.location import locate
 from statekeeper.cli import render
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.storage.urls import is_url
 
 __all__ = ["average", "parse_weights"]
 
@@ -28,15 +29,12 @@ def parse_weights(text: str | None) -> list[float] | None:
 
 
 @click.command("average")
-@click.argument(
-    "ckpts", metavar="CKPT...", nargs=-1, required=True, type=click.Path(path_type=Path)
-)
+@click.argument("ckpts", metavar="CKPT...", nargs=-1, required=True)
 @click.option(
     "-o",
     "--out",
     required=True,
-    type=click.Path(path_type=Path),
-    help="Run directory to save the average into (as a new step).",
+    help="Run directory (path or URL) to save the average into (as a new step).",
 )
 @click.option(
     "--weights",
@@ -49,8 +47,8 @@ def parse_weights(text: str | None) -> list[float] | None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def average(
-    ckpts: tuple[Path, ...],
-    out: Path,
+    ckpts: tuple[str, ...],
+    out: str,
     weights: str | None,
     key: str | None,
     step: int | None,
@@ -73,7 +71,7 @@ def average(
 
     with render.reported_errors():
         for ckpt in ckpts:
-            if not ckpt.is_dir():
+            if not is_url(ckpt) and not Path(ckpt).is_dir():
                 render.fail(f"{ckpt} is not a directory; pass step or run directories", 2)
         raw = parse_weights(weights)
         normalized = normalize_weights(raw, len(ckpts))

@@ -14,10 +14,13 @@ import torch
 
 from statekeeper.checkpoint.location import Location, locate
 from statekeeper.checkpoint.reader import read_manifest
-from statekeeper.cli import render
+from statekeeper.cli import render, render_interop
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.values import decode_value, join_path
+from statekeeper.interop.describe import describe
+from statekeeper.interop.detect import foreign_format
+from statekeeper.storage.urls import is_url
 
 __all__ = ["EntryReport", "Report", "TensorRow", "Totals", "ValueRow", "build_report", "inspect"]
 
@@ -219,21 +222,34 @@ def build_report(location: Location, manifest: Manifest) -> Report:
 
 
 @click.command("inspect")
-@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.argument("target", metavar="CKPT|URL")
 @click.option(
     "--step", type=click.IntRange(min=0), help="Step of a run directory (default: newest)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def inspect(ckpt: Path, step: int | None, as_json: bool) -> None:
+def inspect(target: str, step: int | None, as_json: bool) -> None:
     """Show the state tree of a checkpoint: tensors, values, aliases, metrics.
 
     CKPT is a step directory or a run directory. Only the manifest is read (and verified);
-    use `statekeeper verify` to check the tensor data too.
+    use `statekeeper verify` to check the tensor data too. CKPT may be an fsspec URL
+    (s3://bucket/run/step_000000100). A checkpoint of another format
+    (torch.save, safetensors, Hugging Face, Lightning, Accelerate, DCP) is read safely and
+    its tensors and values are shown.
     """
     with render.reported_errors():
-        if not ckpt.is_dir():
-            render.fail(f"{ckpt} is not a directory; pass a run directory or a step directory", 2)
-        location = locate(ckpt, step)
+        foreign = foreign_format(target)
+        if foreign is not None:
+            if step is not None:
+                render.fail(f"{target} is a {foreign[1]} checkpoint, which has no steps", 2)
+            description = describe(*foreign)
+            if as_json:
+                render.emit_json(dataclasses.asdict(description))
+            else:
+                render_interop.foreign_inspection(description)
+            return
+        if not is_url(target) and not Path(target).is_dir():
+            render.fail(f"{target} is not a directory; pass a run directory or a step directory", 2)
+        location = locate(target, step)
         report = build_report(location, read_manifest(location))
     if as_json:
         render.emit_json(dataclasses.asdict(report))

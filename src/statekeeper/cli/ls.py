@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,11 @@ import click
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial
 from statekeeper.checkpoint.naming import ParsedEntry
-from statekeeper.cli import render
+from statekeeper.cli import render, render_interop
 from statekeeper.format.manifest import MANIFEST
+from statekeeper.interop.describe import list_files
+from statekeeper.interop.detect import foreign_format
+from statekeeper.storage.urls import is_url
 
 __all__ = ["listing_json", "ls"]
 
@@ -39,14 +43,32 @@ def listing_json(
 
 
 @click.command("ls")
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("target", metavar="DIR|URL")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ls(directory: Path, as_json: bool) -> None:
-    """List the checkpoints of the run directory DIR.
+def ls(target: str, as_json: bool) -> None:
+    """List the checkpoints of the run directory DIR (or the files of a foreign checkpoint).
+
+    DIR may be an fsspec URL (s3://bucket/run, memory://run).
 
     Shows every committed step (size, files, metrics; damaged manifests flagged) and every
     partial directory left by an interrupted save, which statekeeper never reads.
     """
+    with render.reported_errors():
+        foreign = foreign_format(target)
+        files = list_files(*foreign) if foreign is not None else []
+    if foreign is not None:
+        path, fmt = foreign[0], str(foreign[1])
+        if as_json:
+            render.emit_json({"path": path, "format": fmt, "files": [asdict(f) for f in files]})
+        else:
+            render_interop.foreign_listing(path, fmt, files)
+        return
+    if is_url(target):
+        with render.reported_errors():
+            infos, partial = list_checkpoints(target), list_partial(target)
+        _show(target, infos, partial, as_json)
+        return
+    directory = Path(target)
     with render.reported_errors():
         if not directory.is_dir():
             render.fail(
@@ -60,7 +82,13 @@ def ls(directory: Path, as_json: bool) -> None:
             )
         infos = list_checkpoints(directory)
         partial = list_partial(directory)
+    _show(str(directory), infos, partial, as_json)
+
+
+def _show(
+    where: str, infos: list[CheckpointInfo], partial: list[ParsedEntry], as_json: bool
+) -> None:
     if as_json:
-        render.emit_json(listing_json(str(directory), infos, partial))
+        render.emit_json(listing_json(where, infos, partial))
     else:
-        render.listing(str(directory), infos, partial)
+        render.listing(where, infos, partial)

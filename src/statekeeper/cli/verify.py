@@ -8,13 +8,14 @@ from pathlib import Path
 
 import click
 
-from statekeeper.checkpoint.location import Location, committed, locate
+from statekeeper.checkpoint.location import Location, committed, locate, resolve_storage
 from statekeeper.checkpoint.naming import EntryKind, parse_entry
 from statekeeper.checkpoint.reader import read_manifest, read_step
 from statekeeper.cli import render
 from statekeeper.errors import InvalidArgumentError, StatekeeperError
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.local import LocalStorage
+from statekeeper.storage.urls import is_url
 
 __all__ = ["StepResult", "targets", "verify", "verify_location"]
 
@@ -28,12 +29,23 @@ class StepResult:
     bytes: int  # the step's size according to its manifest (0 when that is unreadable)
 
 
-def targets(path: Path, step: int | None) -> list[Location]:
-    """The committed steps to verify: ``path`` itself if it is a step directory, else its steps.
+def targets(target: str, step: int | None) -> list[Location]:
+    """The committed steps to verify: ``target`` itself if it is a step directory, else its
+    steps. ``target`` is a path or a URL (``s3://bucket/run``, ``memory://run/step_000000100``).
 
     A directory named like a committed step counts as one even when its manifest is gone, so
     that the damage is reported rather than mistaken for an empty run.
     """
+    if is_url(target):
+        last = parse_entry(target.rstrip("/").rpartition("/")[2])
+        if step is not None or (last is not None and last.kind is EntryKind.COMMITTED):
+            return [locate(target, step)]
+        storage = resolve_storage(target)
+        steps = committed(storage)
+        if not steps:
+            return [locate(target, None)]
+        return [Location(storage, p.name, p.step) for p in steps]
+    path = Path(target)
     has_manifest = (path / MANIFEST).is_file()
     parsed = parse_entry(path.resolve().name)
     if not has_manifest and parsed is not None and parsed.kind is EntryKind.COMMITTED:
@@ -66,19 +78,20 @@ def verify_location(location: Location, bar: render.ByteProgress) -> StepResult:
 
 
 @click.command("verify")
-@click.argument("path", metavar="CKPT|DIR", type=click.Path(path_type=Path))
+@click.argument("path", metavar="CKPT|DIR|URL")
 @click.option(
     "--step", type=click.IntRange(min=0), help="Verify only this step of a run directory."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
-def verify(path: Path, step: int | None, as_json: bool) -> None:
-    """Verify a step directory, or every committed step of a run directory.
+def verify(path: str, step: int | None, as_json: bool) -> None:
+    """Verify a step directory, or every committed step of a run directory (paths or fsspec
+    URLs such as s3://bucket/run).
 
     Every file's size and checksum is checked and every shard is decoded and compared with
     the manifest. Exit status: 0 all good, 1 a step failed, 2 nothing to verify.
     """
     with render.reported_errors():
-        if not path.is_dir():
+        if not is_url(path) and not Path(path).is_dir():
             render.fail(f"{path} is not a directory; pass a run directory or a step directory", 2)
         locations = targets(path, step)
     results = []

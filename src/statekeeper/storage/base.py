@@ -22,12 +22,12 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Storage", "Transaction"]
+__all__ = ["FileWriter", "SharedStorage", "Storage", "Transaction"]
 
 
 @runtime_checkable
-class Transaction(Protocol):
-    """One entry being written; invisible to readers until :meth:`commit`."""
+class FileWriter(Protocol):
+    """Writes the files of one in-progress entry."""
 
     @property
     def entry(self) -> str:
@@ -41,6 +41,11 @@ class Transaction(Protocol):
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         """Write one file from pieces, in order, and make it durable."""
         ...
+
+
+@runtime_checkable
+class Transaction(FileWriter, Protocol):
+    """One entry being written; invisible to readers until :meth:`commit`."""
 
     def commit(self) -> None:
         """Atomically publish the entry under its final name."""
@@ -87,4 +92,17 @@ class Storage(Protocol):
 
     def writer_lock(self) -> AbstractContextManager[None]:
         """Exclusive right to write; raises ``WriterConflictError`` if a live writer holds it."""
+        ...
+
+
+@runtime_checkable
+class SharedStorage(Storage, Protocol):
+    """A storage several processes can write one entry of (distributed saves).
+
+    The process that called ``begin`` owns the transaction and alone commits or aborts it;
+    the others ``attach`` to the in-progress entry by name and only write files into it.
+    """
+
+    def attach(self, entry: str) -> FileWriter:
+        """Write files into the in-progress ``entry`` (``Transaction.entry`` of its owner)."""
         ...

@@ -1,0 +1,98 @@
+"""The stored tensors of one step, each file read and verified the first time it is needed.
+
+A rank loading a sharded step reads only the files that hold chunks it needs (and its own
+per-rank file); each is checked against the manifest's size and checksum before any of its
+tensors is used.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from statekeeper.checkpoint.location import Location
+from statekeeper.checkpoint.reader import _read_file
+from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.aliases import rebuild_alias
+from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.format.safetensors_io import parse
+from statekeeper.format.sharding import Chunk, ShardedRecord, assemble
+from statekeeper.format.tensors import dtype_name
+
+__all__ = ["VerifiedFiles"]
+
+
+class VerifiedFiles:
+    def __init__(self, location: Location, manifest: Manifest) -> None:
+        self.location = location
+        self.manifest = manifest
+        self._files: dict[str, dict[str, torch.Tensor]] = {}
+        self._checked = False
+
+    def verify_share(self, rank: int, world: int) -> None:
+        """Verify (size, checksum) every ``world``-th file, starting at ``rank``. Once every rank
+        has done its share, and all agreed, every file is known intact: :meth:`mark_checked`."""
+        for i, name in enumerate(sorted(self.manifest.files)):
+            if i % world == rank:
+                _read_file(self.location, self.manifest, name)
+
+    def mark_checked(self) -> None:
+        self._checked = True
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A stored tensor (or a sharded one, assembled) by its manifest name."""
+        sharding = self.manifest.sharding
+        if sharding is not None and name in sharding.tensors:
+            try:
+                return assemble(name, sharding.tensors[name], self.tensor)
+            except ValueError as exc:
+                raise CorruptCheckpointError(
+                    self.location.path(MANIFEST), f"sharded tensor {name!r}: {exc}"
+                ) from None
+        alias = self.manifest.aliases.get(name)
+        if alias is not None:
+            try:
+                return rebuild_alias(self.tensor(alias.base), alias)
+            except ValueError as exc:
+                raise CorruptCheckpointError(self.location.path(MANIFEST), str(exc)) from None
+        record = self.manifest.tensors.get(name)
+        if record is None or record.file not in self.manifest.files:
+            raise CorruptCheckpointError(
+                self.location.path(MANIFEST), f"tensor {name!r} is not listed in a stored file"
+            )
+        loaded = self._files.get(record.file)
+        if loaded is None:
+            data = (
+                self.location.storage.read(self.location.entry, record.file)
+                if self._checked
+                else _read_file(self.location, self.manifest, record.file)
+            )
+            try:
+                loaded = parse(data)
+            except ValueError as exc:
+                raise CorruptCheckpointError(
+                    self.location.path(record.file), f"not a valid safetensors file: {exc}"
+                ) from None
+            self._files[record.file] = loaded
+        t = loaded.get(name)
+        if t is None or dtype_name(t.dtype) != record.dtype or tuple(t.shape) != record.shape:
+            raise CorruptCheckpointError(
+                self.location.path(record.file),
+                f"tensor {name!r} is missing or differs from the manifest",
+            )
+        return t
+
+    def records(self) -> dict[str, ShardedRecord]:
+        """Every global tensor as chunks: a version-1 step's tensors are one chunk each."""
+        if self.manifest.sharding is not None:
+            return dict(self.manifest.sharding.tensors)
+        out = {
+            name: ShardedRecord(rec.dtype, rec.shape, (Chunk(name, (0,) * len(rec.shape)),))
+            for name, rec in self.manifest.tensors.items()
+        }
+        for name, alias in self.manifest.aliases.items():
+            base = self.manifest.tensors.get(alias.base)
+            if base is not None:
+                out[name] = ShardedRecord(
+                    base.dtype, alias.shape, (Chunk(name, (0,) * len(alias.shape)),)
+                )
+        return out

@@ -1,0 +1,211 @@
+"""A load by every rank of a job, into whatever sharding the live objects have now.
+
+Rank 0 picks the step (the newest committed one unless asked) and tells the others. Every
+rank then checks the names, shapes and dtypes of its live state against the manifest,
+reads the chunks its current shards need through ``torch.distributed.checkpoint.load``
+(planned from the JSON manifest; each file verified against its checksum before use) into
+fresh buffers, and only when every rank got this far are the live objects loaded: a
+damaged file or a mismatch on any rank leaves every rank's state untouched.
+
+Per-rank state (RNG, data loaders, ``PerRank`` entries) of rank ``r`` is restored on rank
+``r`` when the saving job had that rank. When the world size changed, ranks the saving job
+did not have keep their current per-rank state, and every rank warns which entries were not
+restored: reseed and rebuild data loaders for the new world size.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from statekeeper.checkpoint.info import RestoreInfo
+from statekeeper.checkpoint.load import StatekeeperWarning, Strict, _apply
+from statekeeper.checkpoint.location import Location, locate
+from statekeeper.checkpoint.reader import read_manifest
+from statekeeper.distributed.dcp_storage import ManifestReader
+from statekeeper.distributed.files import VerifiedFiles
+from statekeeper.distributed.group import agree, broadcast, checkpoint_group
+from statekeeper.distributed.state import (
+    Split,
+    apply_module,
+    apply_optimizer,
+    capture_distributed,
+    split,
+)
+from statekeeper.errors import (
+    CorruptCheckpointError,
+    KeyMismatchError,
+    RankFailure,
+    StatekeeperError,
+)
+from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.format.sharding import ShardedRecord, dtype_from_name
+from statekeeper.state.rng import RNGState
+from statekeeper.state.tree import flatten, unflatten
+from statekeeper.storage.base import Storage
+
+__all__ = ["load_distributed"]
+
+
+def _choose(storage: Storage, step: int | None, group: dist.ProcessGroup) -> Location:
+    picked: tuple[str, int] | str
+    mine: BaseException | None = None
+    if dist.get_rank(group) == 0:
+        try:
+            loc = locate(storage, step)
+            picked = (loc.entry, loc.step)
+        except BaseException as exc:
+            mine = exc
+            picked = f"{type(exc).__name__}: {exc}"
+    else:
+        picked = ""
+    chosen = broadcast(picked if dist.get_rank(group) == 0 else None, group)
+    if mine is not None:
+        raise mine
+    if isinstance(chosen, str):
+        raise RankFailure(f"rank 0 could not find the step to load: {chosen}")
+    entry, found = chosen
+    return Location(storage, entry, found)
+
+
+def _problems(
+    live: dict[str, torch.Tensor],
+    records: Mapping[str, ShardedRecord],
+    saved_entries: set[str],
+    parts: Split,
+    strict: Strict,
+) -> list[str]:
+    problems: list[str] = []
+    sharded = set(parts.modules) | set(parts.optimizers)
+    for name, t in live.items():
+        rec = records.get(name)
+        if rec is None:
+            if name.split("/", 1)[0] in saved_entries and not strict.missing_ok:
+                problems.append(f"{name}: missing from the checkpoint")
+        elif tuple(t.shape) != rec.shape:
+            problems.append(f"{name}: shape {rec.shape} in checkpoint, {tuple(t.shape)} live")
+        elif dtype_from_name(rec.dtype) != t.dtype:
+            problems.append(f"{name}: dtype {rec.dtype} in checkpoint, {t.dtype} live")
+    if not strict.unexpected_ok:
+        problems += [
+            f"{n}: in the checkpoint but not in the live state"
+            for n in records
+            if n.split("/", 1)[0] in sharded and n not in live
+        ]
+    return problems
+
+
+def _saved_per_rank(manifest: Manifest, rank: int, lookup: Any) -> dict[str, Any] | None:
+    if manifest.sharding is None:
+        return None
+    ranks = manifest.sharding.ranks
+    if rank >= len(ranks):
+        return {}
+    mine = unflatten(ranks[rank], lookup)
+    if not isinstance(mine, dict):
+        raise ValueError("per-rank state is not a mapping")
+    return mine
+
+
+def load_distributed(
+    storage: Storage, state: Mapping[str, Any], *, step: int | None, strict: Strict
+) -> RestoreInfo:
+    """Load a committed step into ``state`` on every rank (call it on all ranks)."""
+    group = checkpoint_group()
+    rank = dist.get_rank(group)
+    parts = split(state)
+    location = _choose(storage, step, group)
+    failure: BaseException | None = None
+    targets: dict[str, torch.Tensor] = {}
+    try:
+        manifest = read_manifest(location)
+        files = VerifiedFiles(location, manifest)
+        records = files.records()
+        saved_entries = set(manifest.state) if isinstance(manifest.state, dict) else set()
+        live = flatten(capture_distributed(parts)).tensors
+        wanted = [*parts.modules, *parts.optimizers, *parts.replicated]
+        missing = [n for n in wanted if n not in saved_entries]
+        problems = (
+            [] if strict.missing_ok else [f"{n}: missing from the checkpoint" for n in missing]
+        )
+        problems += _problems(live, records, saved_entries, parts, strict)
+        if problems:
+            raise KeyMismatchError(problems)
+        targets = {n: t.detach().clone() for n, t in live.items() if n in records}
+        files.verify_share(rank, dist.get_world_size(group))
+    except BaseException as exc:
+        failure = exc
+    agree(failure, group, f"checking step {location.step}")
+    files.mark_checked()  # every file was verified by one rank, and all agreed
+    try:
+        dcp_load(targets, storage_reader=ManifestReader(records, files.tensor), process_group=group)
+    except (RuntimeError, CheckpointException) as exc:
+        if isinstance(exc, StatekeeperError):
+            raise
+        raise RankFailure(
+            f"reading step {location.step} failed ({exc}); nothing was loaded"
+        ) from exc
+
+    def lookup(name: str) -> torch.Tensor:
+        return targets[name] if name in targets else files.tensor(name)
+
+    failure = None
+    saved: dict[str, Any] = {}
+    mine: dict[str, Any] | None = None
+    try:
+        decoded = unflatten(manifest.state, lookup)
+        if not isinstance(decoded, dict):
+            raise ValueError("state is not a mapping")
+        saved = decoded
+        mine = _saved_per_rank(manifest, rank, lookup)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        failure = CorruptCheckpointError(location.path(MANIFEST), f"state is malformed: {exc}")
+    except BaseException as exc:
+        failure = exc
+    agree(failure, group, f"reading step {location.step}")
+    return _apply_all(location, manifest, parts, saved, mine, rank, strict)
+
+
+def _apply_all(
+    location: Location,
+    manifest: Manifest,
+    parts: Split,
+    saved: dict[str, Any],
+    mine: dict[str, Any] | None,
+    rank: int,
+    strict: Strict,
+) -> RestoreInfo:
+    if mine is None:  # saved by one process: its per-rank entries are rank 0's
+        mine = {n: saved.pop(n) for n in list(saved) if n in parts.per_rank} if rank == 0 else {}
+    values: dict[str, Any] = {}
+    for name, module in parts.modules.items():
+        if name in saved:
+            apply_module(module, saved[name])
+    for name, (optimizer, owner) in parts.optimizers.items():
+        if name in saved:
+            apply_optimizer(name, optimizer, parts.modules[owner], owner, saved[name])
+    for name, obj in parts.replicated.items():
+        if name in saved:
+            _apply(name, obj, saved[name], strict, values)
+    # RNG last: nothing loaded after it may draw from the generators it restores
+    order = sorted(parts.per_rank, key=lambda n: isinstance(parts.per_rank[n], RNGState))
+    for name in order:
+        if name in mine:
+            _apply(name, parts.per_rank[name], mine[name], strict, values)
+    skipped = [n for n in order if n not in mine]
+    if skipped:
+        saved_world = len(manifest.sharding.ranks) if manifest.sharding is not None else 1
+        warnings.warn(
+            f"statekeeper: rank {rank} kept its current {', '.join(skipped)}: step "
+            f"{manifest.step} was saved by {saved_world} process(es) and holds no per-rank state "
+            f"for rank {rank}. Reseed and rebuild data loaders for the new world size.",
+            StatekeeperWarning,
+            stacklevel=4,
+        )
+    return RestoreInfo(manifest.step, location.path(), values, ())

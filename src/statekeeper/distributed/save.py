@@ -1,0 +1,210 @@
+"""A save by every rank of a job: sharded through DCP, committed once by rank 0.
+
+1. rank 0 takes the run directory's writer lock, checks the step and begins the entry;
+   the others learn its in-progress name (or rank 0's error) by broadcast;
+2. every rank captures its per-rank state (RNG first) and writes it to
+   ``rank-<r>.safetensors``; then all agree that this worked everywhere;
+3. ``torch.distributed.checkpoint.save`` plans the sharded and replicated tensors (each
+   chunk written once, replicated tensors by one rank) and every rank streams its chunks
+   into ``chunks-<r>.safetensors``, checksummed and fsynced; DCP gathers the results;
+4. rank 0 writes the manifest (version 2) and commits; every rank learns the outcome.
+
+Any failure, on any rank, aborts the entry: no step is committed. A rank that dies makes
+the others' collectives fail (or time out after ``CHECKPOINT_TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from statekeeper import __version__
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.naming import step_entry
+from statekeeper.checkpoint.save import capture
+from statekeeper.checkpoint.writer import _encode_metrics, check_step
+from statekeeper.distributed.dcp_storage import ChunkWriter, Written, sharded_records
+from statekeeper.distributed.group import agree, broadcast, checkpoint_group, gather
+from statekeeper.distributed.state import capture_distributed, split
+from statekeeper.errors import InvalidArgumentError, RankFailure, StatekeeperError
+from statekeeper.format.checksum import Hasher
+from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
+from statekeeper.format.safetensors_io import layout, stream
+from statekeeper.format.sharding import Sharding
+from statekeeper.format.tensors import dtype_name
+from statekeeper.format.values import Json
+from statekeeper.state.tree import flatten
+from statekeeper.storage.base import FileWriter, SharedStorage, Storage, Transaction
+
+__all__ = ["save_distributed"]
+
+
+@dataclass(frozen=True)
+class _RankPart:
+    """What one rank wrote of its own state, sent to rank 0 for the manifest."""
+
+    skeleton: Json
+    file: str | None
+    record: FileRecord | None
+    tensors: dict[str, TensorRecord]
+
+
+def _write_rank(files: FileWriter, rank: int, per_rank: Mapping[str, Any]) -> _RankPart:
+    flat = flatten(capture(per_rank), root=f"rank.{rank}")
+    if not flat.tensors:
+        return _RankPart(flat.skeleton, None, None, {})
+    file = f"rank-{rank:05d}.safetensors"
+    tensors = {n: t.to("cpu").contiguous() for n, t in flat.tensors.items()}
+    hasher = Hasher()
+
+    def hashed() -> Any:
+        for piece in stream(tensors, layout(tensors)):
+            hasher.update(piece)
+            yield piece
+
+    files.write_chunks(file, hashed())
+    records = {
+        n: TensorRecord(file, dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items()
+    }
+    return _RankPart(flat.skeleton, file, FileRecord(hasher.size, hasher.hexdigest()), records)
+
+
+def _manifest(
+    step: int,
+    metrics: Mapping[str, Any] | None,
+    skeleton: Json,
+    writer: ChunkWriter,
+    parts: list[_RankPart],
+) -> Manifest:
+    files: dict[str, FileRecord] = {}
+    tensors: dict[str, TensorRecord] = {}
+    records: dict[str, Any] = {}
+    if writer.metadata is not None:
+        planned = sharded_records(writer.metadata, writer.results)
+        records = planned["records"]
+        w: Written
+        for w in planned["written"]:
+            files[w.file] = FileRecord(w.file_size, w.file_checksum)
+            tensors[w.tensor] = TensorRecord(w.file, w.dtype, w.shape)
+    for part in parts:
+        if part.file is not None and part.record is not None:
+            files[part.file] = part.record
+            tensors.update(part.tensors)
+    return Manifest(
+        step=step,
+        created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        library={"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
+        metrics=_encode_metrics(metrics),
+        files=files,
+        tensors=tensors,
+        aliases={},
+        state=skeleton,
+        sharding=Sharding(records, [p.skeleton for p in parts]),
+    )
+
+
+def _begin(storage: Storage, step: int, overwrite: bool) -> Transaction:
+    exists = check_step(storage, step, overwrite)
+    return storage.begin(step_entry(step), replace=exists)
+
+
+def save_distributed(
+    storage: Storage,
+    state: Mapping[str, Any],
+    *,
+    step: int,
+    metrics: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> CheckpointInfo:
+    """Save ``state`` as step ``step`` with every rank of the job (call it on all ranks)."""
+    if not isinstance(storage, SharedStorage):
+        raise InvalidArgumentError(
+            f"{storage.describe()}: a distributed save needs a storage that several processes "
+            "can write (LocalStorage on a shared file system, or an fsspec URL)"
+        )
+    group = checkpoint_group()
+    rank = dist.get_rank(group)
+    parts = split(state)
+    txn: Transaction | None = None
+    lock = storage.writer_lock() if rank == 0 else None
+    begun: BaseException | None = None
+    try:
+        if lock is not None:
+            lock.__enter__()
+            txn = _begin(storage, step, overwrite)
+    except BaseException as exc:
+        begun = exc
+    entry = broadcast(txn.entry if txn is not None else f"{type(begun).__name__}: {begun}", group)
+    try:
+        if begun is not None:
+            raise begun
+        if txn is None and not entry.startswith(step_entry(step)):
+            raise RankFailure(f"rank 0 could not begin step {step}: {entry}")
+        return _write_all(storage, txn, entry, rank, group, parts, step, metrics)
+    except BaseException:
+        if txn is not None:
+            txn.abort()
+        raise
+    finally:
+        if lock is not None:
+            lock.__exit__(None, None, None)
+
+
+def _write_all(
+    storage: SharedStorage,
+    txn: Transaction | None,
+    entry: str,
+    rank: int,
+    group: dist.ProcessGroup,
+    parts: Any,
+    step: int,
+    metrics: Mapping[str, Any] | None,
+) -> CheckpointInfo:
+    files: FileWriter = txn if txn is not None else storage.attach(entry)
+    failure: BaseException | None = None
+    mine: _RankPart | None = None
+    flat = None
+    try:
+        mine = _write_rank(files, rank, parts.per_rank)  # RNG before any other state_dict()
+        flat = flatten(capture_distributed(parts))
+    except BaseException as exc:
+        failure = exc
+    agree(failure, group, f"capturing the state of step {step}")
+    assert flat is not None and mine is not None  # agree() raised otherwise
+    writer = ChunkWriter(files)
+    try:
+        dcp_save(dict(flat.tensors), storage_writer=writer, process_group=group)
+        everyone: list[_RankPart] = gather(mine, group)
+    except (RuntimeError, CheckpointException) as exc:
+        if isinstance(exc, StatekeeperError):
+            raise
+        raise RankFailure(
+            f"step {step} was not committed: writing the shards failed ({exc}). If another "
+            "rank died or hung, its log says why; the previous step is intact."
+        ) from exc
+    info: CheckpointInfo | None = None
+    failure = None
+    if txn is not None:
+        try:
+            manifest = _manifest(step, metrics, flat.skeleton, writer, everyone)
+            data = manifest.to_bytes()
+            txn.write(MANIFEST, data)
+            txn.commit()
+            info = CheckpointInfo.from_manifest(
+                storage.describe(step_entry(step)), manifest, len(data)
+            )
+        except BaseException as exc:
+            failure = exc
+    outcome = broadcast(info if failure is None else f"{type(failure).__name__}: {failure}", group)
+    if failure is not None:
+        raise failure
+    if not isinstance(outcome, CheckpointInfo):
+        raise RankFailure(f"rank 0 could not commit step {step}: {outcome}")
+    return outcome

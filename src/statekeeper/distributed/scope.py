@@ -1,0 +1,68 @@
+"""Whether a save or load is one process's or the whole job's, and per-rank entries."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import torch.distributed as dist
+
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.stateful import is_stateful
+
+__all__ = ["PerRank", "Scope", "is_distributed"]
+
+
+class Scope(StrEnum):
+    """Who takes part in a save or load.
+
+    - ``AUTO``: the whole job when ``torch.distributed`` is initialized with more than one
+      process, else this process (the default);
+    - ``LOCAL``: this process alone, whatever the job (for example rank 0 saving a copy of
+      a replicated model by itself);
+    - ``DISTRIBUTED``: every rank of the default process group calls it together.
+    """
+
+    AUTO = "auto"
+    LOCAL = "local"
+    DISTRIBUTED = "distributed"
+
+
+def is_distributed(scope: Scope) -> bool:
+    """Whether ``scope`` means a collective save/load in this process."""
+    if not isinstance(scope, Scope):
+        raise InvalidArgumentError(f"scope must be a statekeeper.Scope, got {scope!r}")
+    if scope is Scope.LOCAL:
+        return False
+    initialized = dist.is_available() and dist.is_initialized()
+    if scope is Scope.DISTRIBUTED and not initialized:
+        raise InvalidArgumentError(
+            "scope=Scope.DISTRIBUTED needs torch.distributed.init_process_group() first"
+        )
+    return initialized and dist.get_world_size() > 1
+
+
+class PerRank:
+    """Marks a Stateful entry as this rank's own: saved and restored per rank.
+
+    RNG states and data loaders are per rank already; wrap anything else that differs
+    between ranks (a custom sampler, a per-rank counter object). Every other entry that is
+    not a module or optimizer is taken as replicated and saved from rank 0.
+    """
+
+    def __init__(self, obj: Any) -> None:
+        if not is_stateful(obj):
+            raise InvalidArgumentError(
+                f"PerRank wraps objects with state_dict()/load_state_dict(), got "
+                f"{type(obj).__name__}"
+            )
+        self.obj = obj
+
+    def state_dict(self) -> Any:
+        return self.obj.state_dict()
+
+    def load_state_dict(self, state: Any) -> Any:
+        return self.obj.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"PerRank({self.obj!r})"

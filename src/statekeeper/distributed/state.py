@@ -1,0 +1,132 @@
+"""What each entry of an app state is in a multi-process job, and its distributed state dict.
+
+- modules: sharded (FSDP2 / DTensor) or replicated (DDP, plain); captured with DCP's
+  ``get_model_state_dict`` (wrapper prefixes removed, DTensors kept sharded);
+- optimizers: DCP's ``get_optimizer_state_dict`` (keyed by parameter name), stored in
+  statekeeper's name-keyed optimizer format so any world size, one process included,
+  can load it;
+- per rank: ``RNGState``, data loaders (``StatefulDataLoader``, ``ResumableLoader``) and
+  ``PerRank`` entries: every rank's own;
+- everything else is replicated: rank 0's value is saved and loaded on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from statekeeper.checkpoint.save import capture
+from statekeeper.data.loader import ResumableLoader
+from statekeeper.data.torchdata import is_stateful_dataloader
+from statekeeper.distributed.scope import PerRank
+from statekeeper.errors import InvalidArgumentError, KeyMismatchError
+from statekeeper.state.optimizer import is_named_state
+from statekeeper.state.rng import RNGState
+
+__all__ = ["Split", "apply_module", "apply_optimizer", "capture_distributed", "split"]
+
+
+@dataclass(frozen=True)
+class Split:
+    """The entries of a state by kind (names in the state's order)."""
+
+    modules: dict[str, torch.nn.Module]
+    optimizers: dict[str, tuple[torch.optim.Optimizer, str]]  # -> (optimizer, module entry)
+    per_rank: dict[str, Any]
+    replicated: dict[str, Any]
+
+
+def _is_per_rank(obj: Any) -> bool:
+    return isinstance(obj, RNGState | PerRank | ResumableLoader) or is_stateful_dataloader(obj)
+
+
+def _owner(name: str, optimizer: torch.optim.Optimizer, modules: Mapping[str, Any]) -> str:
+    wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for entry, module in modules.items():
+        if wanted <= {id(p) for p in module.parameters()}:
+            return entry
+    raise InvalidArgumentError(
+        f"optimizer {name!r} holds parameters of no single module in the state; put the module "
+        "that owns all of them in the same state (a distributed save keys optimizer state by "
+        "that module's parameter names)"
+    )
+
+
+def split(state: Mapping[str, Any]) -> Split:
+    modules = {n: o for n, o in state.items() if isinstance(o, torch.nn.Module)}
+    optimizers = {
+        n: (o, _owner(n, o, modules))
+        for n, o in state.items()
+        if isinstance(o, torch.optim.Optimizer)
+    }
+    per_rank = {n: o for n, o in state.items() if _is_per_rank(o)}
+    replicated = {
+        n: o
+        for n, o in state.items()
+        if n not in modules and n not in optimizers and n not in per_rank
+    }
+    return Split(modules, optimizers, per_rank, replicated)
+
+
+def _named_optimizer(entry: str, osd: Mapping[str, Any], shapes: Mapping[str, Any]) -> Any:
+    def key(fqn: Any) -> str:
+        return f"{entry}/{fqn}"
+
+    groups = [{**g, "params": sorted(key(p) for p in g["params"])} for g in osd["param_groups"]]
+    names = {p for g in groups for p in g["params"]}
+    return {
+        "by_name": 1,
+        "state": dict(sorted((key(fqn), s) for fqn, s in osd["state"].items())),
+        "param_groups": groups,
+        "shapes": {n: list(shapes[n]) for n in sorted(names)},
+    }
+
+
+def capture_distributed(parts: Split) -> dict[str, Any]:
+    """State dicts of modules, optimizers and replicated entries (DTensors stay sharded)."""
+    captured: dict[str, Any] = {}
+    shapes: dict[str, Any] = {}
+    for name, module in parts.modules.items():
+        sd = get_model_state_dict(module)
+        captured[name] = sd
+        shapes.update({f"{name}/{k}": tuple(getattr(v, "shape", ())) for k, v in sd.items()})
+    for name, (optimizer, owner) in parts.optimizers.items():
+        osd = get_optimizer_state_dict(parts.modules[owner], optimizer)
+        captured[name] = _named_optimizer(owner, osd, shapes)
+    captured.update(capture(parts.replicated))
+    return captured
+
+
+def apply_module(module: torch.nn.Module, saved: Mapping[str, Any]) -> None:
+    set_model_state_dict(module, dict(saved))
+
+
+def apply_optimizer(
+    name: str, optimizer: torch.optim.Optimizer, module: torch.nn.Module, owner: str, saved: Any
+) -> None:
+    """Load name-keyed optimizer state through DCP's ``set_optimizer_state_dict``."""
+    if not is_named_state(saved):
+        raise KeyMismatchError([f"{name}: checkpoint holds no name-keyed optimizer state"])
+    prefix = f"{owner}/"
+    strip = len(prefix)
+    foreign = [p for g in saved["param_groups"] for p in g["params"] if not p.startswith(prefix)]
+    if foreign:
+        raise KeyMismatchError(
+            [f"{name}: parameter {p!r} does not belong to module {owner!r}" for p in foreign[:10]]
+        )
+    osd: dict[str, Any] = {
+        "state": {k[strip:]: v for k, v in saved["state"].items()},
+        "param_groups": [
+            {**g, "params": [p[strip:] for p in g["params"]]} for g in saved["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(module, optimizer, osd)

@@ -1,0 +1,172 @@
+"""A run directory on any fsspec file system (``s3://``, ``gs://``, ``memory://``, ...).
+
+Object stores have no atomic rename of a directory, so this storage never renames: a
+transaction writes its files straight into the entry's final location, and the *commit
+marker* (``manifest.json``, the file statekeeper writes last) makes the entry committed.
+An entry without its marker is an interrupted save: :meth:`FsspecStorage.entries` reports
+it as ``<entry>.partial-0`` so that listings, loads and retention never read it, and
+``remove_partial`` deletes it. Each file is written in one ``open(..., "wb")`` stream; the
+stores this targets make an object visible only once its upload completes, so a marker is
+either complete or absent.
+
+Limits, compared with :class:`~statekeeper.storage.local.LocalStorage`:
+- the writer lock is held for this process only: object stores give no portable exclusive
+  lock, so keep one writing job per run directory;
+- ``begin(entry, replace=True)`` first removes the marker of the committed entry, then its
+  files: a crash during such an overwrite loses that step (the other steps stay intact).
+
+``fsspec`` is an optional dependency (``pip install statekeeper[fsspec]``; ``[s3]`` and
+``[gcs]`` add the ``s3fs``/``gcsfs`` back-ends).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from statekeeper.errors import InvalidArgumentError, StorageError
+
+__all__ = ["INCOMPLETE", "FsspecStorage"]
+
+INCOMPLETE = ".partial-0"
+"""Suffix under which an entry without its commit marker is reported."""
+
+
+def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise InvalidArgumentError(
+            f"{url}: URLs need the optional dependency fsspec: pip install 'statekeeper[fsspec]' "
+            "(and s3fs or gcsfs for s3:// and gs://)"
+        ) from None
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"{url}: no usable fsspec back-end for this URL ({exc}); install the package that "
+            "provides it (s3fs for s3://, gcsfs for gs://)"
+        ) from None
+    return fs, str(root).rstrip("/")
+
+
+class _FsspecFiles:
+    """Writes files into one entry; with ``owner`` it may also commit or abort it."""
+
+    def __init__(self, storage: FsspecStorage, final: str, owner: bool) -> None:
+        self._storage = storage
+        self._final = final
+        self._owner = owner
+        self._done = False
+
+    @property
+    def entry(self) -> str:
+        return self._final + INCOMPLETE
+
+    def write(self, name: str, data: bytes) -> None:
+        self.write_chunks(name, (data,))
+
+    def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+        path = self._storage.path(self._final, name)
+        try:
+            with self._storage.fs.open(path, "wb") as f:
+                for chunk in chunks:
+                    f.write(memoryview(chunk).cast("B"))
+        except OSError as exc:
+            raise StorageError(exc.errno, f"could not write {path}: {exc}") from exc
+
+    def commit(self) -> None:
+        if not self._owner:
+            raise StorageError(None, f"{self.entry}: only the transaction that began it commits")
+        marker = self._storage.path(self._final, self._storage.marker)
+        if not self._storage.fs.exists(marker):
+            raise StorageError(None, f"cannot commit {marker}: the commit marker was not written")
+        self._done = True
+
+    def abort(self) -> None:
+        if self._owner and not self._done:
+            self._storage.remove(self._final)
+            self._done = True
+
+
+class FsspecStorage:
+    """Entries are "directories" (key prefixes) under ``url``; see :mod:`statekeeper.storage.base`.
+
+    ``storage_options`` go to the fsspec file system (credentials, endpoint, ...).
+    """
+
+    def __init__(self, url: str, *, marker: str = "manifest.json", **storage_options: Any) -> None:
+        self.url = url.rstrip("/")
+        self.marker = marker
+        self.fs, self.root = _filesystem(url, storage_options)
+        self._mutex = threading.RLock()
+
+    def path(self, entry: str = "", name: str = "") -> str:
+        return "/".join(p for p in (self.root, entry, name) if p)
+
+    def describe(self, entry: str = "", name: str = "") -> str:
+        return "/".join(p for p in (self.url, entry, name) if p)
+
+    def _real(self, entry: str) -> str:
+        return entry.removesuffix(INCOMPLETE)
+
+    def entries(self) -> list[str]:
+        try:
+            listed = self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for info in listed:
+            if info.get("type") != "directory":
+                continue
+            name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
+            committed = self.fs.exists(self.path(name, self.marker))
+            out.append(name if committed else name + INCOMPLETE)
+        return sorted(out)
+
+    def files(self, entry: str) -> list[str]:
+        base = self.path(self._real(entry))
+        if not self.fs.isdir(base):
+            raise FileNotFoundError(self.describe(entry))
+        listed = self.fs.ls(base, detail=True)
+        return sorted(
+            str(i["name"]).rstrip("/").rsplit("/", 1)[-1] for i in listed if i.get("type") == "file"
+        )
+
+    def read(self, entry: str, name: str) -> bytes:
+        data = self.fs.cat_file(self.path(self._real(entry), name))
+        return bytes(data)
+
+    def size(self, entry: str, name: str) -> int:
+        return int(self.fs.size(self.path(self._real(entry), name)))
+
+    def begin(self, entry: str, *, replace: bool = False) -> _FsspecFiles:
+        base = self.path(entry)
+        if self.fs.exists(base):
+            if self.fs.exists(self.path(entry, self.marker)) and not replace:
+                raise StorageError(None, f"{self.describe(entry)} is committed already")
+            self.remove(entry)  # an interrupted earlier save, or the step being replaced
+        return _FsspecFiles(self, entry, owner=True)
+
+    def attach(self, entry: str) -> _FsspecFiles:
+        """Write files into the in-progress ``entry`` that another process began."""
+        return _FsspecFiles(self, self._real(entry), owner=False)
+
+    def remove(self, entry: str) -> None:
+        real = self._real(entry)
+        marker = self.path(real, self.marker)
+        try:
+            if self.fs.exists(marker):
+                self.fs.rm_file(marker)  # uncommit first: a half-removed step is never read
+            if self.fs.exists(self.path(real)):
+                self.fs.rm(self.path(real), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Exclusive within this process only (object stores have no portable lock)."""
+        with self._mutex:
+            yield

@@ -1,0 +1,206 @@
+"""Worker processes for the distributed tests: each runs one scenario on one gloo rank.
+
+Run as ``python -m tests.helpers.dist_workers SCENARIO RANK WORLD PORT RUN_DIR OUT_DIR``.
+Every rank writes ``OUT_DIR/<scenario>-<rank>.json`` with what it observed; rank 0 also
+writes full tensors to ``OUT_DIR/<scenario>.safetensors``. The tests compare those files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import statekeeper as sk
+from statekeeper.distributed.group import checkpoint_group
+
+STEPS_BEFORE = 3
+STEPS_AFTER = 3
+
+
+def fsdp_model(world: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 12), torch.nn.ReLU(),
+        torch.nn.Linear(12, 4),
+    )  # fmt: skip
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def ddp_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+
+
+def make_loader(world: int, rank: int) -> StatefulDataLoader:
+    """Each rank reads its own part of the data, in an order that resumes exactly."""
+    sampler = sk.ResumableSampler(range(64), seed=3, num_replicas=world, rank=rank)
+    return StatefulDataLoader(range(64), batch_size=2, sampler=sampler)
+
+
+def next_batch(it: Any) -> list[int]:
+    return [int(i) for i in next(it)]
+
+
+def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(4, 8)  # differs per rank: drawn from each rank's own RNG
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def full(t: Any) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Full (unsharded) parameters and Adam moments, keyed by parameter name (collective)."""
+    out = {f"param/{n}": full(p) for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p, st in opt.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"{key}/{names[id(p)]}"] = full(st[key])
+    return out
+
+
+def report(out: Path, scenario: str, rank: int, data: dict[str, Any]) -> None:
+    (out / f"{scenario}-{rank}.json").write_text(json.dumps(data))
+
+
+def state_of(model: torch.nn.Module, opt: torch.optim.Optimizer, counter: dict[str, int]) -> Any:
+    return {"model": model, "optim": opt, "rng": sk.RNGState(), "progress": counter}
+
+
+def app_state(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, counter: Any, loader: Any
+) -> Any:  # the Checkpointer adds "rng"
+    return {"model": model, "optim": opt, "progress": counter, "loader": loader}
+
+
+def save_then_continue(rank: int, world: int, run: Path, out: Path) -> None:
+    """Train, save at STEPS_BEFORE, keep training; record everything a resume must match."""
+    model = fsdp_model(world, seed=0)
+    torch.manual_seed(1000 + rank)  # data differs per rank
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    loader = make_loader(world, rank)
+    it = iter(loader)
+    with sk.Checkpointer(run, keep=sk.KeepLatest(1)) as ckpt:
+        train(model, opt, STEPS_BEFORE - 1)
+        next_batch(it)
+        ckpt.save(STEPS_BEFORE - 1, app_state(model, opt, {"step": STEPS_BEFORE - 1}, loader))
+        train(model, opt, 1)
+        next_batch(it)
+        info = ckpt.save(STEPS_BEFORE, app_state(model, opt, {"step": STEPS_BEFORE}, loader))
+    batches = [next_batch(it) for _ in range(3)]
+    at_save = snapshot(model, opt)
+    next_draw = torch.rand(3).tolist()  # what this rank's RNG gives right after the save
+    losses = train(model, opt, STEPS_AFTER)
+    final = snapshot(model, opt)
+    if rank == 0:
+        save_file({**{f"save/{k}": v for k, v in at_save.items()},
+                   **{f"final/{k}": v for k, v in final.items()}},
+                  str(out / "reference.safetensors"))  # fmt: skip
+    report(
+        out,
+        "save",
+        rank,
+        {"losses": losses, "draw": next_draw, "batches": batches, "bytes": info.bytes},
+    )
+
+
+def resume(rank: int, world: int, run: Path, out: Path) -> None:
+    """Fresh objects (other seeds), load, continue: must match the reference bit for bit."""
+    model = fsdp_model(world, seed=5)
+    torch.manual_seed(77 + rank)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    train(model, opt, 1)  # live optimizer state exists and differs before the load
+    counter = {"step": 0}
+    loader = make_loader(world, rank)
+    with sk.Checkpointer(run) as ckpt:
+        step = ckpt.restore_latest(app_state(model, opt, counter, loader))
+    loaded = snapshot(model, opt)
+    data: dict[str, Any] = {"step": step, "counter": counter["step"]}
+    group = checkpoint_group()
+    data["dedicated_group"] = group is not dist.group.WORLD and dist.get_backend(group) == "gloo"
+    tensors = {f"save/{k}": v for k, v in loaded.items()}
+    if world == 2:  # same world: the run continues exactly (same draws, data, losses)
+        it = iter(loader)
+        data["batches"] = [next_batch(it) for _ in range(3)]
+        data["draw"] = torch.rand(3).tolist()
+        data["losses"] = train(model, opt, STEPS_AFTER)
+        tensors.update({f"final/{k}": v for k, v in snapshot(model, opt).items()})
+    if rank == 0:
+        save_file(tensors, str(out / f"resume{world}.safetensors"))
+    report(out, f"resume{world}", rank, data)
+
+
+def killed(rank: int, world: int, run: Path, out: Path) -> None:
+    """Commit step 1, then rank 1 dies in the middle of writing step 2."""
+    model = fsdp_model(world, seed=0)
+    torch.manual_seed(rank)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    train(model, opt, 1)
+    sk.save(run, state_of(model, opt, {"step": 1}), step=1)
+    train(model, opt, 1)
+    if rank == 1:
+        from statekeeper.distributed import dcp_storage
+
+        def die(*args: Any, **kwargs: Any) -> Any:
+            os._exit(17)
+
+        dcp_storage.ChunkWriter.write_data = die  # type: ignore[method-assign]
+    try:
+        sk.save(run, state_of(model, opt, {"step": 2}), step=2)
+        outcome = "saved"
+    except Exception as exc:  # rank 0 must see the failure, not hang and not commit
+        outcome = f"{type(exc).__name__}: {exc}"
+    report(out, "killed", rank, {"outcome": outcome})
+    os._exit(0)  # the group is broken: skip destroy_process_group
+
+
+def ddp(rank: int, world: int, run: Path, out: Path) -> None:
+    model = ddp_model(seed=0)
+    torch.manual_seed(rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 64)).sum().backward()
+    opt.step()
+    info = sk.save(run, {"model": model, "optim": opt, "rng": sk.RNGState()}, step=1)
+    report(out, "ddp", rank, {"bytes": info.bytes})
+
+
+SCENARIOS = {"save": save_then_continue, "resume": resume, "killed": killed, "ddp": ddp}
+
+
+def main() -> None:
+    scenario, rank, world, port, run, out = sys.argv[1:7]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group(
+        "gloo", rank=int(rank), world_size=int(world), timeout=timedelta(seconds=60)
+    )
+    SCENARIOS[scenario](int(rank), int(world), Path(run), Path(out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -13,20 +13,32 @@ may change the model as soon as ``submit`` returns.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.writer import Prepared, check_step, commit
+from statekeeper.checkpoint.plan_cache import Plan, PlanCache
+from statekeeper.checkpoint.writer import Prepared, check_step, commit, prepare
 from statekeeper.storage.base import Storage
 
 __all__ = ["AsyncWriter", "PendingSave"]
 
 _ALIGN = 64
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """The staging views of one tensor layout and the names of the non-empty tensors."""
+
+    key: tuple[object, ...]
+    plan: Plan | None
+    on_cuda: bool
+    views: dict[str, torch.Tensor]
+    copied: tuple[str, ...]
 
 
 class PendingSave:
@@ -59,8 +71,8 @@ class AsyncWriter:
         self._pending: PendingSave | None = None
         self._unreported: PendingSave | None = None
         self._staging: torch.Tensor | None = None
-        self._layout: tuple[object, ...] = ()
-        self._staged: dict[str, torch.Tensor] = {}
+        self._staged: _Staged | None = None
+        self._plans = PlanCache()
 
     def _consume(self, pending: PendingSave) -> None:
         if self._unreported is pending:
@@ -76,11 +88,25 @@ class AsyncWriter:
             raise failed._error
         return None if pending is None else pending._info
 
-    def _views(self, stored: dict[str, torch.Tensor], on_cuda: bool) -> dict[str, torch.Tensor]:
-        """Views of the staging buffer shaped like ``stored``; kept while the layout repeats."""
+    def prepare(
+        self, captured: dict[str, Any], metrics: Mapping[str, Any] | None = None
+    ) -> Prepared:
+        """:func:`~statekeeper.checkpoint.writer.prepare` with this writer's plan cache: a
+        state saved again with the same structure skips most of the per-tensor work."""
+        return prepare(captured, metrics, self._plans)
+
+    def _views(self, prepared: Prepared) -> _Staged:
+        """Views of the staging buffer shaped like the stored tensors; kept while the layout
+        repeats (the same Plan object, or the same names, dtypes and shapes)."""
+        stored = prepared.stored
+        staged = self._staged
+        if staged is not None and prepared.plan is not None and prepared.plan is staged.plan:
+            return staged  # the same plan: the same names, dtypes, shapes and devices
+        on_cuda = any(t.is_cuda for t in stored.values())
         key = tuple((n, t.dtype, tuple(t.shape)) for n, t in stored.items())
         pinned_ok = self._staging is not None and (self._staging.is_pinned() or not on_cuda)
-        if key == self._layout and pinned_ok:
+        if staged is not None and key == staged.key and on_cuda == staged.on_cuda and pinned_ok:
+            self._staged = _Staged(key, prepared.plan, on_cuda, staged.views, staged.copied)
             return self._staged
         sizes = {n: t.numel() * t.element_size() for n, t in stored.items()}
         offsets, total = {}, 0
@@ -89,6 +115,7 @@ class AsyncWriter:
             total += -(-size // _ALIGN) * _ALIGN
         staging = self._staging
         if staging is None or staging.numel() < total or (on_cuda and not staging.is_pinned()):
+            self._staging = self._staged = None  # the old buffer is freed before the new one
             staging = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=on_cuda)
             self._staging = staging
         views: dict[str, torch.Tensor] = {}
@@ -98,19 +125,20 @@ class AsyncWriter:
             else:
                 raw = staging[offsets[name] : offsets[name] + sizes[name]]
                 views[name] = raw.view(t.dtype).view(t.shape)
-        self._layout, self._staged = key, views
-        return views
+        copied = tuple(n for n, t in stored.items() if t.numel())
+        self._staged = _Staged(key, prepared.plan, on_cuda, views, copied)
+        return self._staged
 
-    def _stage(self, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        on_cuda = any(t.is_cuda for t in stored.values())
-        views = self._views(stored, on_cuda)
-        pairs = [(views[n], t.detach()) for n, t in stored.items() if t.numel()]
-        if pairs:  # one fused call instead of one copy per tensor
-            dsts, srcs = [d for d, _ in pairs], [s for _, s in pairs]
-            torch._foreach_copy_(dsts, srcs, non_blocking=on_cuda)
-        if on_cuda:
+    def _stage(self, prepared: Prepared) -> dict[str, torch.Tensor]:
+        staged = self._views(prepared)
+        srcs = [prepared.stored[n] for n in staged.copied]
+        if srcs:  # one fused call instead of one copy per tensor; no_grad: no detach needed
+            dsts = [staged.views[n] for n in staged.copied]
+            with torch.no_grad():
+                torch._foreach_copy_(dsts, srcs, non_blocking=staged.on_cuda)
+        if staged.on_cuda:
             torch.cuda.synchronize()
-        return dict(views)
+        return dict(staged.views)
 
     def submit(
         self,
@@ -125,7 +153,7 @@ class AsyncWriter:
         """Stage ``prepared`` and write it in the background (see the module docstring)."""
         self.wait()
         check_step(storage, step, bool(options.get("overwrite", False)))
-        snapshot = replace(prepared, stored=self._stage(prepared.stored))
+        snapshot = replace(prepared, stored=self._stage(prepared))
         stack = ExitStack()
         if lock is not None:
             stack.enter_context(lock)

@@ -10,13 +10,14 @@ import torch
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
-from statekeeper.checkpoint.writer import prepare, write_step
+from statekeeper.checkpoint.writer import write_step
 from statekeeper.data.torchdata import (
     capture_loader,
     is_stateful_dataloader,
     loader_generators,
     refuse_plain_dataloader,
 )
+from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.modules import unwrap
@@ -39,7 +40,10 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
                 f"state name {name!r} is not allowed: "
                 "use a non-empty str without '/' or a leading '$'"
             )
-    names = parameter_names(state)
+    # parameter names are only needed to key optimizer state: ~4 ms per 3,300 parameters
+    # otherwise spent in an async save's stall (bench/io.py, async rows)
+    with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
+    names = parameter_names(state) if with_optimizer else {}
     owned = loader_generators(state)
     for obj in state.values():
         if isinstance(obj, RNGState) and any(id(g) in owned for g in obj.generators.values()):
@@ -89,6 +93,7 @@ def save(
     overwrite: bool = ...,
     shard_bytes: int = ...,
     blocking: Literal[True] = ...,
+    scope: Scope = ...,
 ) -> CheckpointInfo: ...
 
 
@@ -102,6 +107,7 @@ def save(
     overwrite: bool = ...,
     shard_bytes: int = ...,
     blocking: Literal[False],
+    scope: Scope = ...,
 ) -> PendingSave: ...
 
 
@@ -114,6 +120,7 @@ def save(
     overwrite: bool = False,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     blocking: bool = True,
+    scope: Scope = Scope.AUTO,
 ) -> CheckpointInfo | PendingSave:
     """Save ``state`` as committed step ``step`` of the run ``directory``.
 
@@ -127,9 +134,25 @@ def save(
     a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
     the CheckpointInfo. The next save into the same directory waits for it and raises its
     error if it failed.
+
+    In a multi-process job (``torch.distributed`` initialized, more than one rank) the
+    default ``scope=Scope.AUTO`` makes this a collective: call it on every rank. Sharded
+    (FSDP2/DTensor) and replicated (DDP) state is written once through
+    ``torch.distributed.checkpoint``, each rank's RNG and loader state is kept per rank, and
+    rank 0 commits once all ranks have written (see docs/distributed.md). Pass
+    ``scope=Scope.LOCAL`` to save from one process alone.
     """
     storage = resolve_storage(directory)
     validate_step(step)
+    if is_distributed(scope):
+        if not blocking:
+            raise InvalidArgumentError(
+                "blocking=False is not supported for distributed saves yet; save with "
+                "blocking=True (every rank), or scope=Scope.LOCAL from one process"
+            )
+        from statekeeper.distributed.save import save_distributed
+
+        return save_distributed(storage, state, step=step, metrics=metrics, overwrite=overwrite)
     options: dict[str, Any] = {
         "frozen": frozen_names(state),
         "overwrite": overwrite,
@@ -137,7 +160,7 @@ def save(
     }
     if not blocking:
         writer = _writers.setdefault(storage.describe(), AsyncWriter())
-        prepared = prepare(capture(state), metrics)
+        prepared = writer.prepare(capture(state), metrics)
         return writer.submit(storage, prepared, step=step, lock=storage.writer_lock(), **options)
     with storage.writer_lock():
         return write_step(storage, capture(state), step=step, metrics=metrics, **options)

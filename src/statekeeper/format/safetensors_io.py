@@ -18,11 +18,13 @@ file's buffer.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 
 import torch
 
@@ -45,6 +47,7 @@ _DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 _RANK = {code: i for i, code in enumerate(_ORDER)}
 _DIRECT = 1 << 20  # tensors this large are written from their own memory, not staged
 STAGING = 8 << 20  # small tensors are coalesced into writes of this size
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,29 @@ def _nbytes(t: torch.Tensor) -> int:
 def layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> ShardLayout:
     """Where every tensor goes in the file, and the header that says so."""
     order = sorted(tensors, key=lambda n: (_RANK[DTYPE_CODES[tensors[n].dtype]], n.encode()))
-    entries: dict[str, object] = {}
     if metadata:
-        entries["__metadata__"] = metadata
+        return _layout_with_metadata(tensors, order, metadata)
+    # each entry formatted as json.dumps(..., ensure_ascii=False, separators=(",", ":")) would
+    # (names through json's own escaper): 20 -> 8 ms for 3,304 tensors, part of every save
+    # (bench/io.py, durable save rows); tests/format checks the bytes against the reference
+    enc = encode_basestring
+    parts = []
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        end = offset + t.nbytes
+        parts.append(
+            f'{enc(name)}:{{"dtype":"{DTYPE_CODES[t.dtype]}",'
+            f'"shape":[{",".join(map(str, t.shape))}],"data_offsets":[{offset},{end}]}}'
+        )
+        offset = end
+    return _shard_layout(("{" + ",".join(parts) + "}").encode(), order, offset)
+
+
+def _layout_with_metadata(
+    tensors: dict[str, torch.Tensor], order: list[str], metadata: dict[str, str]
+) -> ShardLayout:
+    entries: dict[str, object] = {"__metadata__": metadata}
     offset = 0
     for name in order:
         t = tensors[name]
@@ -77,15 +100,26 @@ def layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = N
         }
         offset = end
     text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    return _shard_layout(text, order, offset)
+
+
+def _shard_layout(text: bytes, order: list[str], data_size: int) -> ShardLayout:
     text += b" " * (-len(text) % 8)
     header = struct.pack("<Q", len(text)) + text
-    return ShardLayout(header, tuple(order), len(header) + offset)
+    return ShardLayout(header, tuple(order), len(header) + data_size)
 
 
 def _raw(t: torch.Tensor) -> memoryview:
     """The tensor's bytes as a buffer (a copy only if it is not contiguous on the CPU)."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    flat = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous().reshape(-1)
     return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def _plain_cpu(t: torch.Tensor) -> bool:
+    """Whether ``t``'s bytes are exactly its ``numel * itemsize`` bytes at ``data_ptr()``."""
+    return (
+        type(t) in _PLAIN and t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+    )
 
 
 def stream(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> Iterator[memoryview | bytes]:
@@ -97,10 +131,11 @@ def stream(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> Iterator[mem
     yield shard.header
     buffer = bytearray(STAGING)
     view = memoryview(buffer)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
     fill = 0
     for name in shard.order:
         t = tensors[name]
-        size = _nbytes(t)
+        size = t.nbytes
         if size == 0:
             continue
         if size >= _DIRECT:
@@ -112,7 +147,10 @@ def stream(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> Iterator[mem
         if fill + size > STAGING:
             yield view[:fill]
             fill = 0
-        view[fill : fill + size] = _raw(t)
+        if _plain_cpu(t):  # one memmove instead of 7 tensor calls: 48 -> 20 ms per 3,000
+            ctypes.memmove(address + fill, t.data_ptr(), size)  # small tensors (bench/io.py)
+        else:
+            view[fill : fill + size] = _raw(t)
         fill += size
     if fill:
         yield view[:fill]
@@ -143,14 +181,14 @@ def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.T
     for name, info in header.items():
         try:
             dtype = _DTYPES[info["dtype"]]
-            shape = [int(d) for d in info["shape"]]
-            begin, end = (int(x) for x in info["data_offsets"])
+            shape = list(map(int, info["shape"]))
+            begin, end = map(int, info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"tensor {name!r} has a malformed header entry") from None
+        if shape and min(shape) < 0:
+            raise ValueError(f"tensor {name!r} has a negative dimension")
         numel = 1
         for d in shape:
-            if d < 0:
-                raise ValueError(f"tensor {name!r} has a negative dimension")
             numel *= d
         if not 0 <= begin <= end <= end_of_data or end - begin != numel * dtype.itemsize:
             raise ValueError(f"tensor {name!r} has data offsets that do not fit its shape")
@@ -160,9 +198,9 @@ def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.T
         else:
             source = data if writable else bytearray(buf[start + begin : start + end])
             offset = start + begin if writable else 0
-            out[name] = torch.frombuffer(source, dtype=dtype, offset=offset, count=numel).reshape(
-                shape
-            )
+            flat = torch.frombuffer(source, dtype=dtype, offset=offset, count=numel)
+            # no view for 1-D tensors: ~12 ms less per 3,000 vectors (bench/io.py, load rows)
+            out[name] = flat if len(shape) == 1 else flat.view(shape)
     spans.sort()
     position = 0
     for begin, end in spans:

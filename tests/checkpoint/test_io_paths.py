@@ -55,9 +55,7 @@ def test_fast_paths_write_the_same_files(tmp_path: Path, monkeypatch: pytest.Mon
         assert torch.equal(manifest["w"][name], t)
 
 
-def test_threaded_verification_reports_the_first_bad_file(
-    tmp_path: Path, fast_paths: None
-) -> None:
+def test_threaded_verification_reports_the_first_bad_file(tmp_path: Path, fast_paths: None) -> None:
     _save(tmp_path)
     step = tmp_path / "step_000000001"
     shards = sorted(step.glob("*.safetensors"))

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import Result
 from tests.conftest import assert_state_equal
@@ -60,3 +61,23 @@ def test_unsafe_and_truncated_inputs(invoke: Invoke, tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert f"{cut}: truncated or damaged torch.save file" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_existing_safetensors_file_is_not_replaced_without_overwrite(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    source = formats.torch_file(tmp_path / "w.pt", formats.weights())
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"precious")
+    result = invoke("convert", source, out)
+    assert result.exit_code == 1
+    assert str(out) in result.stderr and "--overwrite" in result.stderr
+    assert out.read_bytes() == b"precious"
+    with pytest.raises(sk.StepExistsError, match="already exists") as info:
+        sk.convert(source, out)
+    assert isinstance(info.value, FileExistsError)
+    assert out.read_bytes() == b"precious"
+    assert invoke("convert", source, out, "--overwrite").exit_code == 0
+    assert_state_equal(sk.read(out), formats.weights())
+    sk.convert(source, out, overwrite=True)
+    assert_state_equal(sk.read(out), formats.weights())

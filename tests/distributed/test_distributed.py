@@ -174,6 +174,22 @@ def test_ddp_replicated_state_is_stored_once(tmp_path: Path) -> None:
     assert one_copy <= chunk_bytes < one_copy * 1.1  # plus headers, not twice the state
     state = sk.read(run)
     assert set(state["model"]) == {"weight", "bias"}  # DDP's "module." prefix removed
+    assert torch.equal(state["stats"]["rank"], torch.tensor([0.0]))  # replicated: rank 0's
+    for report in reports(out, "ddp", 2):
+        assert report["fresh_after_save"] == 0  # saving did not step a fresh optimizer
+        assert report["fresh_after_load"] == 0  # and loading its checkpoint restores that
+
+
+def test_failures_on_one_rank_are_seen_alike_by_all(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    assert launch("faults", 2, run, out) == [0, 0]
+    rank0, rank1 = reports(out, "faults", 2)
+    assert (rank0["attach"], rank1["attach"]) == ("RankFailure", "StorageError")
+    assert rank0["steps_after_attach"] == [1, 2]  # nothing committed for step 3
+    assert rank0["policy"] == rank1["policy"] == 4  # rank 0's clock decided for both
+    assert (rank0["mismatch"], rank1["mismatch"]) == ("RankFailure", "KeyMismatchError")
+    assert rank0["fallback"] == rank1["fallback"] == 2  # damaged step 4 skipped by both
 
 
 def test_scope_distributed_needs_a_process_group(tmp_path: Path) -> None:

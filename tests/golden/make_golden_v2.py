@@ -60,13 +60,16 @@ def write_golden(root: Path) -> Path:
     storage = LocalStorage(root)
     main = flatten({k: v for k, v in expected_state().items() if k != "sampler"})
     chunk_files = {
-        "chunks-00000.safetensors": {"model/w@0,0": W[:2].clone()},
-        "chunks-00001.safetensors": {"model/w@2,0": W[2:].clone(), "model/b@0": B.clone()},
+        "chunks-00000.safetensors": {"$chunk/model/w@0,0": W[:2].clone()},
+        "chunks-00001.safetensors": {
+            "$chunk/model/w@2,0": W[2:].clone(),
+            "$chunk/model/b@0": B.clone(),
+        },
     }
-    rows = (Chunk("model/w@0,0", (0, 0)), Chunk("model/w@2,0", (2, 0)))
+    rows = (Chunk("$chunk/model/w@0,0", (0, 0)), Chunk("$chunk/model/w@2,0", (2, 0)))
     sharded = {
         "model/w": ShardedRecord("float32", (4, 3), rows),
-        "model/b": ShardedRecord("bfloat16", (4,), (Chunk("model/b@0", (0,)),)),
+        "model/b": ShardedRecord("bfloat16", (4,), (Chunk("$chunk/model/b@0", (0,)),)),
     }
     txn = storage.begin(step_entry(STEP))
     files: dict[str, FileRecord] = {}
@@ -77,7 +80,7 @@ def write_golden(root: Path) -> Path:
         for name, t in members.items():
             tensors[name] = TensorRecord(file, str(t.dtype).removeprefix("torch."), tuple(t.shape))
     for rank in (0, 1):
-        flat = flatten({"sampler": expected_state(rank)["sampler"]}, root=f"rank.{rank}")
+        flat = flatten({"sampler": expected_state(rank)["sampler"]}, root=f"$rank/{rank}")
         file = f"rank-{rank:05d}.safetensors"
         files[file] = _write(txn, file, flat.tensors)
         for name, t in flat.tensors.items():

@@ -95,7 +95,8 @@ def state_of(model: torch.nn.Module, opt: torch.optim.Optimizer, counter: dict[s
 def app_state(
     model: torch.nn.Module, opt: torch.optim.Optimizer, counter: Any, loader: Any
 ) -> Any:  # the Checkpointer adds "rng"
-    return {"model": model, "optim": opt, "progress": counter, "loader": loader}
+    state = {"model": model, "optim": opt, "progress": counter, "loader": loader}
+    return {k: v for k, v in state.items() if v is not None}
 
 
 def save_then_continue(rank: int, world: int, run: Path, out: Path) -> None:
@@ -134,7 +135,10 @@ def resume(rank: int, world: int, run: Path, out: Path) -> None:
     model = fsdp_model(world, seed=5)
     torch.manual_seed(77 + rank)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    train(model, opt, 1)  # live optimizer state exists and differs before the load
+    if world == 2:
+        train(model, opt, 1)  # live optimizer state exists and differs before the load
+    else:  # never stepped, but holding gradients: its state must still be loadable
+        model(torch.randn(4, 8)).sum().backward()
     counter = {"step": 0}
     loader = make_loader(world, rank)
     with sk.Checkpointer(run) as ckpt:
@@ -183,13 +187,78 @@ def ddp(rank: int, world: int, run: Path, out: Path) -> None:
     model = ddp_model(seed=0)
     torch.manual_seed(rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    fresh = torch.optim.Adam(model.parameters(), lr=0.1)  # never stepped
+    sk.save(run / "fresh", {"model": model, "optim": fresh}, step=0)
+    data: dict[str, Any] = {"fresh_after_save": len(fresh.state)}  # a save must not step it
     model(torch.randn(2, 64)).sum().backward()
     opt.step()
-    info = sk.save(run, {"model": model, "optim": opt, "rng": sk.RNGState()}, step=1)
-    report(out, "ddp", rank, {"bytes": info.bytes})
+    stats = {"rank": torch.tensor([float(rank)])}  # differs per rank: replicated means rank 0's
+    info = sk.save(
+        run, {"model": model, "optim": opt, "rng": sk.RNGState(), "stats": stats}, step=1
+    )
+    data["bytes"] = info.bytes
+    fresh.step()  # now it has state; loading the never-stepped checkpoint clears it again
+    sk.load(run / "fresh", {"model": model, "optim": fresh})
+    data["fresh_after_load"] = len(fresh.state)
+    report(out, "ddp", rank, data)
 
 
-SCENARIOS = {"save": save_then_continue, "resume": resume, "killed": killed, "ddp": ddp}
+def faults(rank: int, world: int, run: Path, out: Path) -> None:
+    """Failures on one rank only: every rank must fail (or skip) alike, never hang."""
+    model = fsdp_model(world, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    train(model, opt, 1)
+    data: dict[str, Any] = {}
+    sk.save(run, app_state(model, opt, {"step": 1}, None), step=1)
+    sk.save(run, app_state(model, opt, {"step": 2}, None), step=2)
+    # (a) rank 1 cannot open rank 0's in-progress entry (a shared file system lagging)
+    real_attach = sk.LocalStorage.attach
+    if rank == 1:
+
+        def refuse(self: Any, entry: str) -> Any:
+            raise sk.StorageError(5, f"{entry} is not visible here yet")
+
+        sk.LocalStorage.attach = refuse  # type: ignore[method-assign]
+    try:
+        sk.save(run, app_state(model, opt, {"step": 3}, None), step=3)
+        data["attach"] = "saved"
+    except Exception as exc:
+        data["attach"] = type(exc).__name__
+    sk.LocalStorage.attach = real_attach  # type: ignore[method-assign]
+    data["steps_after_attach"] = [i.step for i in sk.list_checkpoints(run)]
+    # (b) the ranks' clocks disagree about EverySeconds: rank 0 decides for both
+    ticks = iter([0.0, 100.0 if rank == 0 else 10.0, 200.0])
+    with sk.Checkpointer(run, every=sk.EverySeconds(60), clock=lambda: next(ticks)) as ckpt:
+        saved = ckpt.maybe_save(4, app_state(model, opt, {"step": 4}, None))
+        data["policy"] = None if saved is None else saved.step
+    # (c) a mismatch on rank 1 only: every rank raises, none skips to an older step
+    other = fsdp_model(world, seed=0) if rank == 0 else torch.nn.Linear(3, 3)
+    with sk.Checkpointer(run) as ckpt:
+        try:
+            ckpt.restore_latest({"model": other})
+            data["mismatch"] = "loaded"
+        except Exception as exc:
+            data["mismatch"] = type(exc).__name__
+    dist.barrier()
+    # (d) the newest step is damaged: every rank skips it and loads the one before
+    if rank == 0:
+        chunk = run / "step_000000004" / "chunks-00001.safetensors"
+        damaged = bytearray(chunk.read_bytes())
+        damaged[-2] ^= 0xFF
+        chunk.write_bytes(bytes(damaged))
+    dist.barrier()
+    with sk.Checkpointer(run) as ckpt:
+        data["fallback"] = ckpt.restore_latest(app_state(model, opt, {"step": 0}, None))
+    report(out, "faults", rank, data)
+
+
+SCENARIOS = {
+    "save": save_then_continue,
+    "resume": resume,
+    "killed": killed,
+    "ddp": ddp,
+    "faults": faults,
+}
 
 
 def main() -> None:

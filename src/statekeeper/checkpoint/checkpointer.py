@@ -42,6 +42,15 @@ RNG_ENTRY = "rng"
 _DAMAGED = {CorruptCheckpointError.__name__, UnsupportedFormatError.__name__}
 
 
+def _damaged(exc: BaseException) -> bool:
+    """Whether a failed load means a damaged step (skip it). In a distributed job every rank
+    sees the kinds of every rank's error, so all of them decide alike."""
+    kinds = set(getattr(exc, "rank_kinds", ())) or (
+        set(exc.kinds) if isinstance(exc, RankFailure) else {type(exc).__name__}
+    )
+    return bool(kinds) and kinds <= _DAMAGED
+
+
 class Checkpointer:
     """Save and resume a training run in ``directory``.
 
@@ -127,7 +136,7 @@ class Checkpointer:
             try:
                 info = load(self.storage, full, step=parsed.step, strict=strict, scope=self._scope)
             except (CorruptCheckpointError, UnsupportedFormatError, RankFailure) as exc:
-                if isinstance(exc, RankFailure) and not set(exc.kinds) <= _DAMAGED:
+                if not _damaged(exc):  # the same decision on every rank of a job
                     raise
                 warnings.warn(
                     f"statekeeper: skipping damaged step {parsed.step}: {exc}",
@@ -148,11 +157,14 @@ class Checkpointer:
             raise InvalidArgumentError(
                 "maybe_save needs a save policy: Checkpointer(..., every=EverySteps(n))"
             )
-        if not self.every.should_save(step, self._clock() - self._last_save):
-            return None
-        if any(p.step == step for p in committed(self.storage)):
-            return None
-        return self.save(step, state, metrics)
+        due = self.every.should_save(step, self._clock() - self._last_save) and not any(
+            p.step == step for p in committed(self.storage)
+        )
+        if self._distributed:  # rank 0 decides for all: clocks and listings may differ
+            from statekeeper.distributed.group import broadcast, checkpoint_group
+
+            due = bool(broadcast(due, checkpoint_group()))
+        return self.save(step, state, metrics) if due else None
 
     def save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None

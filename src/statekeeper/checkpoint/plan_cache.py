@@ -11,7 +11,7 @@ state by
 - every tensor's dtype, shape, stride, storage offset, data pointer and device,
 
 and when a new state's description equals a remembered one, reuses that plan's skeleton and
-aliases and only puts the new tensor objects in (about 8 ms for the same state). The plan
+aliases and only puts the new tensor objects in (about 9 ms for the same state). The plan
 is a function of exactly these: the skeleton of the shape, the tensor names of the key
 paths, and the sharing plan of the storages (a storage's address is the tensor's data
 pointer minus its offset) and the views' offsets, shapes and strides. No tensor is kept

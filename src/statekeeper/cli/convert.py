@@ -28,7 +28,11 @@ __all__ = ["convert_command"]
     help="Statekeeper OUT: save the whole input under this one entry. "
     "Safetensors OUT: write only this entry of the input.",
 )
-@click.option("--overwrite", is_flag=True, help="Replace the step if OUT already has it.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the step if OUT already has it, or the OUT .safetensors file if it exists.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def convert_command(
     src: str, dst: str, step: int, key: str | None, overwrite: bool, as_json: bool
@@ -38,8 +42,9 @@ def convert_command(
     IN is any format statekeeper reads (torch.save .pt/.pth/.bin, .safetensors, Hugging Face
     folders and indexes, Lightning .ckpt, Accelerate and DCP folders, statekeeper runs). OUT
     ending in .safetensors gets one safetensors file of every tensor (plain values are listed
-    as dropped); any other OUT is a run directory that gets step --step. Exit status: 0 done,
-    1 unreadable or unsafe input, 2 bad arguments.
+    as dropped); any other OUT is a run directory that gets step --step. An existing step or
+    .safetensors file is never replaced without --overwrite. Exit status: 0 done, 1 unreadable
+    or unsafe input or OUT already exists, 2 bad arguments.
     """
     with render.reported_errors(), render.ByteProgress(enabled=not as_json) as bar:
         result = convert(src, dst, step=step, key=key, overwrite=overwrite,

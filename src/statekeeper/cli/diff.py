@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from statekeeper.cli import render, render_interop
-from statekeeper.interop.diff import WRAPPER_PREFIXES, diff
+from statekeeper.cli.options import prefixes, strip_options
+from statekeeper.interop.diff import diff
 
 __all__ = ["diff_command"]
 
@@ -28,19 +29,7 @@ __all__ = ["diff_command"]
     help="Relative tolerance (see --atol).",
 )
 @click.option("--key", help="Compare only this entry (e.g. model) of each side that has it.")
-@click.option(
-    "--strip-prefix",
-    "strip_wrappers",
-    is_flag=True,
-    help="Strip the wrapper prefixes module. and _orig_mod. from every key.",
-)
-@click.option(
-    "--strip",
-    "strip",
-    multiple=True,
-    metavar="PREFIX",
-    help="Strip this prefix from every key (repeatable).",
-)
+@strip_options
 @click.option(
     "--show",
     type=click.IntRange(min=1),
@@ -60,9 +49,8 @@ def diff_command(
     paths joined with '.' (model.fc.weight). Exit status: 0 equal, 1 different (or an
     error), 2 bad arguments or nothing found.
     """
-    prefixes = (*(WRAPPER_PREFIXES if strip_wrappers else ()), *strip)
     with render.reported_errors(), render.ByteProgress(enabled=not as_json, counts=True) as bar:
-        result = diff(a, b, atol=atol, rtol=rtol, key=key, strip=prefixes,
+        result = diff(a, b, atol=atol, rtol=rtol, key=key, strip=prefixes(strip_wrappers, strip),
                       progress=bar.phase("comparing tensors"))  # fmt: skip
     if as_json:
         render.emit_json(result.to_json())

@@ -7,7 +7,7 @@ import dataclasses
 import click
 
 from statekeeper.cli import render, render_interop
-from statekeeper.interop.diff import WRAPPER_PREFIXES
+from statekeeper.cli.options import prefixes, strip_options
 from statekeeper.interop.export import DTYPES, export
 
 __all__ = ["export_command"]
@@ -22,19 +22,7 @@ __all__ = ["export_command"]
     type=click.Choice(sorted(DTYPES), case_sensitive=False),
     help="Cast floating tensors to this dtype.",
 )
-@click.option(
-    "--strip-prefix",
-    "strip_wrappers",
-    is_flag=True,
-    help="Strip the wrapper prefixes module. and _orig_mod. from every key.",
-)
-@click.option(
-    "--strip",
-    "strip",
-    multiple=True,
-    metavar="PREFIX",
-    help="Strip this prefix from every key (repeatable).",
-)
+@strip_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def export_command(
     ckpt: str, out: str, key: str | None, dtype: str | None, strip_wrappers: bool,
@@ -47,12 +35,11 @@ def export_command(
     statekeeper.read(OUT) expands them. Exit status: 0 done, 1 unreadable input, 2 bad
     arguments.
     """
-    prefixes = (*(WRAPPER_PREFIXES if strip_wrappers else ()), *strip)
     with render.reported_errors():
         if not out.endswith(".safetensors"):
             render.fail(f"{out}: the output must be a .safetensors file", 2)
         with render.ByteProgress(enabled=not as_json) as bar:
-            result = export(ckpt, out, key=key, dtype=dtype, strip=prefixes,
+            result = export(ckpt, out, key=key, dtype=dtype, strip=prefixes(strip_wrappers, strip),
                             progress=bar.phase("writing"))  # fmt: skip
     if as_json:
         render.emit_json(dataclasses.asdict(result))

@@ -43,8 +43,9 @@ __all__ = ["ChunkWriter", "ManifestReader", "Written", "chunk_name", "sharded_re
 
 
 def chunk_name(fqn: str, offsets: tuple[int, ...]) -> str:
-    """The safetensors key of one chunk: ``"model/w@0,128"`` (the global offsets)."""
-    return f"{fqn}@{','.join(map(str, offsets))}"
+    """The stored name of one chunk: ``"$chunk/model/w@0,128"`` (its global offsets). State
+    names never start with ``$``, so chunk names cannot collide with tensor paths."""
+    return f"$chunk/{fqn}@{','.join(map(str, offsets))}"
 
 
 @dataclass(frozen=True)
@@ -165,10 +166,11 @@ def sharded_records(metadata: Metadata, results: list[list[WriteResult]]) -> dic
 class ManifestReader(StorageReader):
     """Serves DCP's load plan from verified chunk tensors; metadata comes from the manifest."""
 
-    def __init__(self, records: dict[str, ShardedRecord], chunk: Any) -> None:
+    def __init__(self, records: dict[str, ShardedRecord], chunk: Any, shape: Any) -> None:
         super().__init__()
         self.records = records
-        self.chunk = chunk  # chunk(name) -> the verified stored chunk tensor
+        self.chunk = chunk  # chunk(name) -> the verified stored chunk tensor (read on demand)
+        self.shape = shape  # shape(name) -> its shape, from the manifest (nothing read)
 
     def reset(self, checkpoint_id: Any = None) -> None:
         return None
@@ -179,8 +181,8 @@ class ManifestReader(StorageReader):
         for fqn, rec in self.records.items():
             chunks = []
             for c in rec.chunks:
-                stored = self.chunk(c.tensor)
-                chunks.append(ChunkStorageMetadata(torch.Size(c.offsets), stored.shape))
+                sizes = torch.Size(self.shape(c.tensor))
+                chunks.append(ChunkStorageMetadata(torch.Size(c.offsets), sizes))
                 storage[MetadataIndex(fqn, torch.Size(c.offsets))] = c.tensor
             entries[fqn] = TensorStorageMetadata(
                 TensorProperties(dtype=dtype_from_name(rec.dtype)), torch.Size(rec.shape), chunks

@@ -81,6 +81,18 @@ class VerifiedFiles:
             )
         return t
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A stored tensor's shape, from the manifest (nothing is read)."""
+        record = self.manifest.tensors.get(name)
+        if record is not None:
+            return record.shape
+        alias = self.manifest.aliases.get(name)
+        if alias is not None:
+            return alias.shape
+        raise CorruptCheckpointError(
+            self.location.path(MANIFEST), f"tensor {name!r} is not listed in a stored file"
+        )
+
     def records(self) -> dict[str, ShardedRecord]:
         """Every global tensor as chunks: a version-1 step's tensors are one chunk each."""
         if self.manifest.sharding is not None:

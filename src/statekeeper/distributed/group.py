@@ -9,6 +9,7 @@ between the processes of one job; nothing read from a checkpoint is ever unpickl
 
 from __future__ import annotations
 
+from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +17,15 @@ import torch.distributed as dist
 
 from statekeeper.errors import RankFailure
 
-__all__ = ["CHECKPOINT_TIMEOUT", "agree", "broadcast", "checkpoint_group", "gather"]
+__all__ = [
+    "CHECKPOINT_TIMEOUT",
+    "agree",
+    "broadcast",
+    "checkpoint_group",
+    "from_rank0",
+    "gather",
+    "kinds_of",
+]
 
 CHECKPOINT_TIMEOUT = timedelta(minutes=30)
 _groups: dict[int, dist.ProcessGroup] = {}
@@ -52,13 +61,43 @@ def _describe(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, str(exc)
 
 
+def _mark(exc: BaseException, kinds: list[str]) -> BaseException:
+    """Record on ``exc`` the error kinds of every rank (see :func:`kinds_of`)."""
+    with suppress(AttributeError):  # an exception type with __slots__: kinds_of falls back
+        exc.rank_kinds = tuple(kinds)  # type: ignore[attr-defined]
+    return exc
+
+
+def kinds_of(exc: BaseException) -> tuple[str, ...]:
+    """The class names of the errors every failing rank raised for the same collective step,
+    the same on every rank (so that all ranks take the same decision on them)."""
+    if isinstance(exc, RankFailure):
+        return exc.kinds
+    return tuple(getattr(exc, "rank_kinds", (type(exc).__name__,)))
+
+
 def agree(failure: BaseException | None, group: dist.ProcessGroup, what: str) -> None:
     """All ranks learn whether any failed at ``what``; each failing rank re-raises its own
-    error, the others raise RankFailure naming the ranks that failed and why."""
+    error, the others raise RankFailure naming the ranks that failed and why. Every rank's
+    error carries the kinds of all failures (:func:`kinds_of`)."""
     errors = gather(None if failure is None else _describe(failure), group)
-    if failure is not None:
-        raise failure
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    kinds = [kind for _, (kind, _) in failed]
+    if failure is not None:
+        raise _mark(failure, kinds)
     if failed:
         detail = "; ".join(f"rank {r}: {kind}: {msg}" for r, (kind, msg) in failed)
-        raise RankFailure(f"{what} failed on another rank ({detail})", [k for _, (k, _) in failed])
+        raise RankFailure(f"{what} failed on another rank ({detail})", kinds)
+
+
+def from_rank0(
+    value: Any, failure: BaseException | None, group: dist.ProcessGroup, what: str
+) -> Any:
+    """Rank 0's ``value`` on every rank, or, when rank 0 failed, its error: rank 0 re-raises
+    its own, the others raise RankFailure naming it."""
+    sent = broadcast(("ok", value) if failure is None else ("error", *_describe(failure)), group)
+    if failure is not None:
+        raise _mark(failure, [sent[1]])
+    if sent[0] == "error":
+        raise RankFailure(f"{what} failed on rank 0 ({sent[1]}: {sent[2]})", [sent[1]])
+    return sent[1]

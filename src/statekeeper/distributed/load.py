@@ -30,12 +30,13 @@ from statekeeper.checkpoint.location import Location, locate
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.distributed.dcp_storage import ManifestReader
 from statekeeper.distributed.files import VerifiedFiles
-from statekeeper.distributed.group import agree, broadcast, checkpoint_group
+from statekeeper.distributed.group import agree, checkpoint_group, from_rank0
 from statekeeper.distributed.state import (
     Split,
     apply_module,
     apply_optimizer,
     capture_distributed,
+    optimizer_problems,
     split,
 )
 from statekeeper.errors import (
@@ -54,24 +55,19 @@ __all__ = ["load_distributed"]
 
 
 def _choose(storage: Storage, step: int | None, group: dist.ProcessGroup) -> Location:
-    picked: tuple[str, int] | str
-    mine: BaseException | None = None
+    picked: tuple[str, int] | None = None
+    failure: BaseException | None = None
     if dist.get_rank(group) == 0:
         try:
             loc = locate(storage, step)
             picked = (loc.entry, loc.step)
         except BaseException as exc:
-            mine = exc
-            picked = f"{type(exc).__name__}: {exc}"
-    else:
-        picked = ""
-    chosen = broadcast(picked if dist.get_rank(group) == 0 else None, group)
-    if mine is not None:
-        raise mine
-    if isinstance(chosen, str):
-        raise RankFailure(f"rank 0 could not find the step to load: {chosen}")
-    entry, found = chosen
+            failure = exc
+    entry, found = from_rank0(picked, failure, group, "finding the step to load")
     return Location(storage, entry, found)
+
+
+_SKIP = object()  # a checkpoint tensor of a module or optimizer that the live one lacks
 
 
 def _problems(
@@ -101,6 +97,22 @@ def _problems(
     return problems
 
 
+def _prune(value: Any) -> Any:
+    """``value`` without the entries whose tensor the live objects do not have (and without
+    the dicts that held nothing else)."""
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if item is _SKIP:
+            continue
+        pruned = _prune(item)
+        if isinstance(item, dict) and item and not pruned:
+            continue
+        out[key] = pruned
+    return out
+
+
 def _saved_per_rank(manifest: Manifest, rank: int, lookup: Any) -> dict[str, Any] | None:
     if manifest.sharding is None:
         return None
@@ -113,6 +125,43 @@ def _saved_per_rank(manifest: Manifest, rank: int, lookup: Any) -> dict[str, Any
     return mine
 
 
+class _Plan:
+    """What one rank checked before anything is read: the step, its files and targets."""
+
+    def __init__(self, location: Location, parts: Split, strict: Strict, rank: int, world: int):
+        self.location = location
+        self.manifest = read_manifest(location)
+        self.files = VerifiedFiles(location, self.manifest)
+        self.records = self.files.records()
+        raw = self.manifest.state if isinstance(self.manifest.state, dict) else {}
+        live = flatten(capture_distributed(parts, initialize=True)).tensors
+        for name in parts.optimizers:  # saved before its first step: the live state goes
+            if isinstance(raw.get(name), dict) and raw[name].get("state") == {}:
+                live = {n: t for n, t in live.items() if not n.startswith(f"{name}/state/")}
+        wanted = [*parts.modules, *parts.optimizers, *parts.replicated]
+        problems = (
+            []
+            if strict.missing_ok
+            else [f"{n}: missing from the checkpoint" for n in wanted if n not in raw]
+        )
+        problems += _problems(live, self.records, set(raw), parts, strict)
+        for name, (_, owner) in parts.optimizers.items():
+            if name in raw:
+                problems += optimizer_problems(name, owner, raw[name])
+        if problems:
+            raise KeyMismatchError(problems)
+        self.targets = {n: t.detach().clone() for n, t in live.items() if n in self.records}
+        self.sharded = set(parts.modules) | set(parts.optimizers)
+        self.files.verify_share(rank, world)
+
+    def lookup(self, name: str) -> Any:
+        if name in self.targets:
+            return self.targets[name]
+        if name.split("/", 1)[0] in self.sharded:
+            return _SKIP  # never a full tensor where the live object holds a shard
+        return self.files.tensor(name)
+
+
 def load_distributed(
     storage: Storage, state: Mapping[str, Any], *, step: int | None, strict: Strict
 ) -> RestoreInfo:
@@ -120,76 +169,81 @@ def load_distributed(
     group = checkpoint_group()
     rank = dist.get_rank(group)
     parts = split(state)
+    fresh = [opt for opt, _ in parts.optimizers.values() if not opt.state]
     location = _choose(storage, step, group)
-    failure: BaseException | None = None
-    targets: dict[str, torch.Tensor] = {}
     try:
-        manifest = read_manifest(location)
-        files = VerifiedFiles(location, manifest)
-        records = files.records()
-        saved_entries = set(manifest.state) if isinstance(manifest.state, dict) else set()
-        live = flatten(capture_distributed(parts)).tensors
-        wanted = [*parts.modules, *parts.optimizers, *parts.replicated]
-        missing = [n for n in wanted if n not in saved_entries]
-        problems = (
-            [] if strict.missing_ok else [f"{n}: missing from the checkpoint" for n in missing]
-        )
-        problems += _problems(live, records, saved_entries, parts, strict)
-        if problems:
-            raise KeyMismatchError(problems)
-        targets = {n: t.detach().clone() for n, t in live.items() if n in records}
-        files.verify_share(rank, dist.get_world_size(group))
+        plan = _checked(location, parts, strict, rank, group)
+        saved, mine = _read(plan, rank, group)
+    except BaseException:
+        for optimizer in fresh:  # undo the state created to read into
+            optimizer.state.clear()
+        raise
+    return _apply_all(plan, parts, saved, mine, rank, strict)
+
+
+def _checked(
+    location: Location, parts: Split, strict: Strict, rank: int, group: dist.ProcessGroup
+) -> _Plan:
+    failure: BaseException | None = None
+    plan: _Plan | None = None
+    try:
+        plan = _Plan(location, parts, strict, rank, dist.get_world_size(group))
     except BaseException as exc:
         failure = exc
     agree(failure, group, f"checking step {location.step}")
-    files.mark_checked()  # every file was verified by one rank, and all agreed
+    assert plan is not None  # agree() raised otherwise
+    plan.files.mark_checked()  # every file was verified by one rank, and all agreed
+    return plan
+
+
+def _read(
+    plan: _Plan, rank: int, group: dist.ProcessGroup
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    reader = ManifestReader(plan.records, plan.files.tensor, plan.files.shape)
     try:
-        dcp_load(targets, storage_reader=ManifestReader(records, files.tensor), process_group=group)
+        dcp_load(plan.targets, storage_reader=reader, process_group=group)
     except (RuntimeError, CheckpointException) as exc:
         if isinstance(exc, StatekeeperError):
             raise
         raise RankFailure(
-            f"reading step {location.step} failed ({exc}); nothing was loaded"
+            f"reading step {plan.location.step} failed ({exc}); nothing was loaded"
         ) from exc
-
-    def lookup(name: str) -> torch.Tensor:
-        return targets[name] if name in targets else files.tensor(name)
-
-    failure = None
+    failure: BaseException | None = None
     saved: dict[str, Any] = {}
     mine: dict[str, Any] | None = None
     try:
-        decoded = unflatten(manifest.state, lookup)
+        decoded = unflatten(plan.manifest.state, plan.lookup)
         if not isinstance(decoded, dict):
             raise ValueError("state is not a mapping")
-        saved = decoded
-        mine = _saved_per_rank(manifest, rank, lookup)
+        saved = _prune(decoded)
+        mine = _saved_per_rank(plan.manifest, rank, plan.lookup)
     except (ValueError, TypeError, RuntimeError) as exc:
-        failure = CorruptCheckpointError(location.path(MANIFEST), f"state is malformed: {exc}")
+        path = plan.location.path(MANIFEST)
+        failure = CorruptCheckpointError(path, f"state is malformed: {exc}")
     except BaseException as exc:
         failure = exc
-    agree(failure, group, f"reading step {location.step}")
-    return _apply_all(location, manifest, parts, saved, mine, rank, strict)
+    agree(failure, group, f"reading step {plan.location.step}")
+    return saved, mine
 
 
 def _apply_all(
-    location: Location,
-    manifest: Manifest,
+    plan: _Plan,
     parts: Split,
     saved: dict[str, Any],
     mine: dict[str, Any] | None,
     rank: int,
     strict: Strict,
 ) -> RestoreInfo:
+    manifest = plan.manifest
     if mine is None:  # saved by one process: its per-rank entries are rank 0's
         mine = {n: saved.pop(n) for n in list(saved) if n in parts.per_rank} if rank == 0 else {}
     values: dict[str, Any] = {}
     for name, module in parts.modules.items():
         if name in saved:
-            apply_module(module, saved[name])
+            apply_module(module, saved[name], strict)
     for name, (optimizer, owner) in parts.optimizers.items():
         if name in saved:
-            apply_optimizer(name, optimizer, parts.modules[owner], owner, saved[name])
+            apply_optimizer(optimizer, parts.modules[owner], owner, saved[name], strict)
     for name, obj in parts.replicated.items():
         if name in saved:
             _apply(name, obj, saved[name], strict, values)
@@ -208,4 +262,4 @@ def _apply_all(
             StatekeeperWarning,
             stacklevel=4,
         )
-    return RestoreInfo(manifest.step, location.path(), values, ())
+    return RestoreInfo(manifest.step, plan.location.path(), values, ())

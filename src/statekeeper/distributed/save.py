@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from statekeeper import __version__
@@ -31,7 +32,7 @@ from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.save import capture
 from statekeeper.checkpoint.writer import _encode_metrics, check_step
 from statekeeper.distributed.dcp_storage import ChunkWriter, Written, sharded_records
-from statekeeper.distributed.group import agree, broadcast, checkpoint_group, gather
+from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather
 from statekeeper.distributed.state import capture_distributed, split
 from statekeeper.errors import InvalidArgumentError, RankFailure, StatekeeperError
 from statekeeper.format.checksum import Hasher
@@ -57,7 +58,7 @@ class _RankPart:
 
 
 def _write_rank(files: FileWriter, rank: int, per_rank: Mapping[str, Any]) -> _RankPart:
-    flat = flatten(capture(per_rank), root=f"rank.{rank}")
+    flat = flatten(capture(per_rank), root=f"$rank/{rank}")  # "$": no clash with state paths
     if not flat.tensors:
         return _RankPart(flat.skeleton, None, None, {})
     file = f"rank-{rank:05d}.safetensors"
@@ -110,6 +111,15 @@ def _manifest(
     )
 
 
+def _planner() -> DefaultSavePlanner:
+    """DCP's planner, with every replicated tensor written by rank 0: replicated entries are
+    rank 0's values, like their non-tensor parts (torch < 2.5 balances them over ranks)."""
+    try:
+        return DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+    except TypeError:
+        return DefaultSavePlanner()
+
+
 def _begin(storage: Storage, step: int, overwrite: bool) -> Transaction:
     exists = check_step(storage, step, overwrite)
     return storage.begin(step_entry(step), replace=exists)
@@ -141,12 +151,8 @@ def save_distributed(
             txn = _begin(storage, step, overwrite)
     except BaseException as exc:
         begun = exc
-    entry = broadcast(txn.entry if txn is not None else f"{type(begun).__name__}: {begun}", group)
     try:
-        if begun is not None:
-            raise begun
-        if txn is None and not entry.startswith(step_entry(step)):
-            raise RankFailure(f"rank 0 could not begin step {step}: {entry}")
+        entry = from_rank0(txn.entry if txn else None, begun, group, f"beginning step {step}")
         return _write_all(storage, txn, entry, rank, group, parts, step, metrics)
     except BaseException:
         if txn is not None:
@@ -167,20 +173,22 @@ def _write_all(
     step: int,
     metrics: Mapping[str, Any] | None,
 ) -> CheckpointInfo:
-    files: FileWriter = txn if txn is not None else storage.attach(entry)
     failure: BaseException | None = None
     mine: _RankPart | None = None
     flat = None
+    files: FileWriter | None = txn
     try:
+        if files is None:
+            files = storage.attach(entry)
         mine = _write_rank(files, rank, parts.per_rank)  # RNG before any other state_dict()
         flat = flatten(capture_distributed(parts))
     except BaseException as exc:
         failure = exc
     agree(failure, group, f"capturing the state of step {step}")
-    assert flat is not None and mine is not None  # agree() raised otherwise
+    assert flat is not None and mine is not None and files is not None  # or agree() raised
     writer = ChunkWriter(files)
     try:
-        dcp_save(dict(flat.tensors), storage_writer=writer, process_group=group)
+        dcp_save(dict(flat.tensors), storage_writer=writer, planner=_planner(), process_group=group)
         everyone: list[_RankPart] = gather(mine, group)
     except (RuntimeError, CheckpointException) as exc:
         if isinstance(exc, StatekeeperError):
@@ -202,9 +210,5 @@ def _write_all(
             )
         except BaseException as exc:
             failure = exc
-    outcome = broadcast(info if failure is None else f"{type(failure).__name__}: {failure}", group)
-    if failure is not None:
-        raise failure
-    if not isinstance(outcome, CheckpointInfo):
-        raise RankFailure(f"rank 0 could not commit step {step}: {outcome}")
+    outcome: CheckpointInfo = from_rank0(info, failure, group, f"committing step {step}")
     return outcome

@@ -18,21 +18,30 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
 
+from statekeeper.checkpoint.load import Strict
 from statekeeper.checkpoint.save import capture
 from statekeeper.data.loader import ResumableLoader
 from statekeeper.data.torchdata import is_stateful_dataloader
 from statekeeper.distributed.scope import PerRank
-from statekeeper.errors import InvalidArgumentError, KeyMismatchError
-from statekeeper.state.optimizer import is_named_state
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.state.modules import unwrap
 from statekeeper.state.rng import RNGState
 
-__all__ = ["Split", "apply_module", "apply_optimizer", "capture_distributed", "split"]
+__all__ = [
+    "Split",
+    "apply_module",
+    "apply_optimizer",
+    "capture_distributed",
+    "optimizer_problems",
+    "split",
+]
 
 
 @dataclass(frozen=True)
@@ -91,8 +100,46 @@ def _named_optimizer(entry: str, osd: Mapping[str, Any], shapes: Mapping[str, An
     }
 
 
-def capture_distributed(parts: Split) -> dict[str, Any]:
-    """State dicts of modules, optimizers and replicated entries (DTensors stay sharded)."""
+def _without_grads(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, Any]]:
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    stash = [(p, p.grad) for p in params]
+    for p in params:
+        p.grad = None
+    return stash
+
+
+def _optimizer_state(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, initialize: bool
+) -> Mapping[str, Any]:
+    """DCP's optimizer state dict (FQN-keyed). An optimizer that has not stepped yet has no
+    state: DCP would create it with a zero-lr step (``step`` counters at 1), which a save
+    must not do (it would change the run), so a save records it empty. A load
+    (``initialize``) needs that state to read into: grads are set aside for it, and put back."""
+    if optimizer.state:
+        return get_optimizer_state_dict(module, optimizer)
+    if initialize:
+        stash = _without_grads(optimizer)
+        try:
+            return get_optimizer_state_dict(module, optimizer)
+        finally:
+            for p, grad in stash:
+                p.grad = grad
+    names = {id(p): n for n, p in unwrap(module).named_parameters()}
+    groups = [
+        {
+            **{k: v for k, v in g.items() if k != "params"},
+            "params": [names[id(p)] for p in g["params"]],
+        }
+        for g in optimizer.param_groups
+    ]
+    return {"state": {}, "param_groups": groups}
+
+
+def capture_distributed(parts: Split, *, initialize: bool = False) -> dict[str, Any]:
+    """State dicts of modules, optimizers and replicated entries (DTensors stay sharded).
+
+    ``initialize`` (for a load) gives optimizers that have not stepped their state, to
+    read into; :func:`forget_initialized` undoes that."""
     captured: dict[str, Any] = {}
     shapes: dict[str, Any] = {}
     for name, module in parts.modules.items():
@@ -100,33 +147,52 @@ def capture_distributed(parts: Split) -> dict[str, Any]:
         captured[name] = sd
         shapes.update({f"{name}/{k}": tuple(getattr(v, "shape", ())) for k, v in sd.items()})
     for name, (optimizer, owner) in parts.optimizers.items():
-        osd = get_optimizer_state_dict(parts.modules[owner], optimizer)
+        osd = _optimizer_state(parts.modules[owner], optimizer, initialize)
         captured[name] = _named_optimizer(owner, osd, shapes)
     captured.update(capture(parts.replicated))
     return captured
 
 
-def apply_module(module: torch.nn.Module, saved: Mapping[str, Any]) -> None:
-    set_model_state_dict(module, dict(saved))
+def _options(strict: Strict) -> StateDictOptions:
+    return StateDictOptions(strict=strict is Strict.EXACT)
+
+
+def apply_module(module: torch.nn.Module, saved: Mapping[str, Any], strict: Strict) -> None:
+    set_model_state_dict(module, dict(saved), options=_options(strict))
+
+
+def optimizer_problems(name: str, owner: str, saved: Any) -> list[str]:
+    """Why the raw (JSON) optimizer entry ``saved`` cannot be loaded; empty when it can."""
+    if not (isinstance(saved, Mapping) and saved.get("by_name") == 1):
+        return [f"{name}: checkpoint holds no name-keyed optimizer state"]
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        return [f"{name}: checkpoint holds malformed param_groups"]
+    names = [p for g in groups for p in g.get("params", [])]
+    return [
+        f"{name}: parameter {p!r} does not belong to module {owner!r}"
+        for p in names
+        if not isinstance(p, str) or not p.startswith(f"{owner}/")
+    ][:10]
 
 
 def apply_optimizer(
-    name: str, optimizer: torch.optim.Optimizer, module: torch.nn.Module, owner: str, saved: Any
+    optimizer: torch.optim.Optimizer,
+    module: torch.nn.Module,
+    owner: str,
+    saved: Any,
+    strict: Strict,
 ) -> None:
-    """Load name-keyed optimizer state through DCP's ``set_optimizer_state_dict``."""
-    if not is_named_state(saved):
-        raise KeyMismatchError([f"{name}: checkpoint holds no name-keyed optimizer state"])
-    prefix = f"{owner}/"
-    strip = len(prefix)
-    foreign = [p for g in saved["param_groups"] for p in g["params"] if not p.startswith(prefix)]
-    if foreign:
-        raise KeyMismatchError(
-            [f"{name}: parameter {p!r} does not belong to module {owner!r}" for p in foreign[:10]]
-        )
+    """Load name-keyed optimizer state (checked by :func:`optimizer_problems`) through DCP's
+    ``set_optimizer_state_dict``; a checkpoint of an optimizer that had not stepped leaves
+    the live one without state too."""
+    strip = len(owner) + 1
     osd: dict[str, Any] = {
         "state": {k[strip:]: v for k, v in saved["state"].items()},
         "param_groups": [
             {**g, "params": [p[strip:] for p in g["params"]]} for g in saved["param_groups"]
         ],
     }
-    set_optimizer_state_dict(module, optimizer, osd)
+    set_optimizer_state_dict(module, optimizer, osd, options=_options(strict))
+    if not osd["state"]:
+        optimizer.state.clear()

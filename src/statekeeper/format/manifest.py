@@ -151,7 +151,7 @@ class _Lines(list[str]):
 
 def _tensor_lines(tensors: dict[str, TensorRecord]) -> _Lines:
     """The ``tensors`` entries exactly as ``_compact`` writes them, without a ``json.dumps``
-    per entry: 39 -> 12 ms for 3,304 tensors, part of every save (``bench/io.py``, durable
+    per entry: 39 -> 11 ms for 3,304 tensors, part of every save (``bench/io.py``, durable
     save rows). Strings go through json's own ASCII escaper; shapes are plain ints."""
     enc = encode_basestring_ascii
     return _Lines(

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
 from statekeeper.interop.tree import flat_leaves, select
@@ -75,14 +75,23 @@ def convert(
     are listed in ``dropped``. Any other ``dst`` is a run directory that gets step ``step``,
     written by ``statekeeper.save`` (atomic, checksummed, tensors streamed from the source's
     memory map); ``key`` names the single entry to put the whole source under.
+
+    ``overwrite`` allows replacing what is there: the step ``step`` of the run, or the whole
+    ``.safetensors`` file. Without it, an existing step or file is a ``StepExistsError`` (a
+    ``FileExistsError``), raised before the source is read.
     """
     from statekeeper.checkpoint.load import read
     from statekeeper.checkpoint.save import save
 
+    to_file = str(dst).endswith(".safetensors")
+    if to_file and not overwrite and Path(dst).exists():
+        raise StepExistsError(
+            f"{dst}: the file already exists; pass --overwrite (overwrite=True) to replace it"
+        )
     found = foreign_format(src)
     fmt = found[1].value if found else "statekeeper"
     state = read(src, progress=progress)
-    if str(dst).endswith(".safetensors"):
+    if to_file:
         tree = select(state, key, str(src)) if key is not None else state
         tensors: dict[str, torch.Tensor] = {}
         dropped: list[str] = []

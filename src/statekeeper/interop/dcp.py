@@ -11,6 +11,7 @@ nested structure comes back from the planner's key mapping as DCP itself rebuild
 from __future__ import annotations
 
 import itertools
+import math
 import pathlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from statekeeper.errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
-from statekeeper.interop.opcodes import DisallowedGlobal, restricted_load
+from statekeeper.interop.opcodes import DisallowedAttribute, DisallowedGlobal, restricted_load
 from statekeeper.interop.pickled import load_torch_bytes
 
 __all__ = ["read_dcp", "read_dcp_metadata"]
@@ -53,15 +54,26 @@ def _allowlist() -> dict[str, object]:
 
 
 def read_dcp_metadata(folder: Path) -> Any:
-    """The folder's ``Metadata`` object, built through the allowlist only."""
+    """The folder's ``Metadata`` object, built through the allowlist only.
+
+    ``UnsafePickleError`` when the pickle asks for anything outside the allowlist (or to set
+    a dunder attribute); ``CorruptCheckpointError`` for anything else that goes wrong while
+    building it, including errors the allowlisted constructors themselves raise.
+    """
+    from torch.distributed.checkpoint.metadata import Metadata
+
     path = folder / METADATA
+    data = path.read_bytes()
     try:
-        md = restricted_load(path.read_bytes(), _allowlist())
+        md = restricted_load(data, _allowlist())
+    except DisallowedAttribute as exc:
+        raise UnsafePickleError(str(path), [], str(exc)) from None
     except DisallowedGlobal as exc:
         raise UnsafePickleError(str(path), [exc.name]) from None
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        raise CorruptCheckpointError(str(path), f"not a DCP metadata file ({exc})") from None
-    if not hasattr(md, "state_dict_metadata") or not hasattr(md, "storage_data"):
+    except Exception as exc:  # allowlisted constructors raise anything (RuntimeError, ...)
+        problem = f"not a DCP metadata file ({type(exc).__name__}: {exc})"
+        raise CorruptCheckpointError(str(path), problem) from None
+    if not isinstance(md, Metadata):
         raise CorruptCheckpointError(str(path), "not a DCP metadata file")
     return md
 
@@ -89,20 +101,75 @@ def _set(root: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
         container[last] = value
 
 
-def _read_item(folder: Path, info: Any, where: str, handles: dict[str, Any]) -> Any:
-    if getattr(info, "transform_descriptors", None):
-        raise UnsupportedFormatError(
-            str(folder / info.relative_path), info.transform_descriptors, ["no transforms"]
+def _data_file(folder: Path, relative: object) -> Path:
+    """``folder / relative``, which must lie inside ``folder`` (no absolute paths, no ``..``
+    or symlinks leading out of it)."""
+    if not isinstance(relative, str) or not relative:
+        raise CorruptCheckpointError(
+            str(folder / METADATA), f"data file name {relative!r} is not a file name"
         )
-    file = folder / info.relative_path
+    file = folder / relative
+    if not file.resolve().is_relative_to(folder.resolve()):
+        raise CorruptCheckpointError(
+            str(folder / METADATA),
+            f"data file {relative!r} lies outside the checkpoint folder {str(folder)!r}",
+        )
+    return file
+
+
+def _check_tiling(where: str, fqn: str, shape: tuple[int, ...], chunks: list[Any]) -> None:
+    """``CorruptCheckpointError`` unless the chunks lie inside ``shape``, do not overlap and
+    cover every element (the rules of ``statekeeper.format.sharding.assemble``)."""
+
+    def bad(problem: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(where, f"the chunks of tensor {fqn!r} {problem}")
+
+    if any(not isinstance(n, int) or n < 0 for n in shape):
+        raise CorruptCheckpointError(where, f"tensor {fqn!r} has an invalid size {shape}")
+    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for chunk in chunks:
+        start, size = tuple(chunk.offsets), tuple(chunk.sizes)
+        if len(start) != len(shape) or len(size) != len(shape):
+            raise bad(f"do not match its {len(shape)} dimension(s)")
+        for o, n, dim in zip(start, size, shape, strict=True):
+            if not isinstance(o, int) or not isinstance(n, int) or o < 0 or n < 0 or o + n > dim:
+                raise bad(f"do not lie inside its size {shape} (chunk at {start} of {size})")
+        boxes.append((start, size))
+    if not shape:
+        if len(boxes) != 1:
+            raise bad(f"are {len(boxes)}, not one, for a scalar")
+        return
+    active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for start, size in sorted(boxes):  # sweep along dim 0: row-split chunks meet neighbours
+        if 0 in size:
+            continue
+        active = [(s, z) for s, z in active if s[0] + z[0] > start[0]]
+        for s, z in active:
+            if all(a < b + m and b < a + n for a, n, b, m in zip(start, size, s, z, strict=True)):
+                raise bad(f"overlap (at {s} and {start})")
+        active.append((start, size))
+    covered = sum(math.prod(size) for _, size in boxes)
+    if covered != math.prod(shape):
+        raise bad(f"cover {covered} of its {math.prod(shape)} elements")
+
+
+def _read_item(folder: Path, info: Any, where: str, handles: dict[str, Any]) -> Any:
+    file = _data_file(folder, info.relative_path)
+    if getattr(info, "transform_descriptors", None):
+        raise UnsupportedFormatError(str(file), info.transform_descriptors, ["no transforms"])
+    offset, length = int(info.offset), int(info.length)
+    if offset < 0 or length < 0:
+        raise CorruptCheckpointError(
+            str(folder / METADATA), f"item {where} has a negative offset or length"
+        )
     if info.relative_path not in handles:
         if not file.is_file():
             raise CorruptCheckpointError(str(file), "DCP data file listed in .metadata is missing")
         handles[info.relative_path] = open(file, "rb")  # noqa: SIM115 - closed by the caller
     f = handles[info.relative_path]
-    f.seek(int(info.offset))
-    data = f.read(int(info.length))
-    if len(data) != int(info.length):
+    f.seek(offset)
+    data = f.read(length)
+    if len(data) != length:
         raise CorruptCheckpointError(str(file), f"truncated: item {where} runs past the end")
     return load_torch_bytes(data, f"{file} (item {where})")
 
@@ -125,7 +192,9 @@ def read_dcp(path: str | Path, progress: Progress | None = None) -> dict[str, An
     try:
         for fqn, item in items.items():
             if isinstance(item, TensorStorageMetadata):
-                tensor = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+                shape = tuple(item.size)
+                _check_tiling(str(folder / METADATA), fqn, shape, list(item.chunks))
+                tensor = torch.empty(shape, dtype=item.properties.dtype)
                 for chunk in item.chunks:
                     info = storage.get((fqn, tuple(chunk.offsets)))
                     if info is None:
@@ -138,7 +207,8 @@ def read_dcp(path: str | Path, progress: Progress | None = None) -> dict[str, An
                         target = target.narrow(dim, o, s)
                     if not isinstance(part, torch.Tensor) or part.shape != target.shape:
                         raise CorruptCheckpointError(
-                            str(folder / info.relative_path), f"chunk of {fqn!r} has wrong shape"
+                            str(_data_file(folder, info.relative_path)),
+                            f"chunk of {fqn!r} has wrong shape",
                         )
                     target.copy_(part)
                     done += int(info.length)

@@ -17,7 +17,9 @@ import pickletools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
-__all__ = ["DisallowedGlobal", "restricted_load", "scan_globals", "scan_stream"]
+__all__ = [
+    "DisallowedAttribute", "DisallowedGlobal", "restricted_load", "scan_globals", "scan_stream",
+]  # fmt: skip
 
 _STRINGS = {
     "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE",
@@ -31,6 +33,17 @@ class DisallowedGlobal(ValueError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"global {name} is not allowed")
+
+
+class DisallowedAttribute(DisallowedGlobal):
+    """A ``BUILD`` would set a dunder attribute (``__setstate__``, ``__class__``, ...) of an
+    object: refused, since that would change which code the object runs or what it is."""
+
+    def __init__(self, cls: type, attribute: str) -> None:
+        name = f"{cls.__module__}.{cls.__qualname__}.{attribute}"
+        ValueError.__init__(self, f"BUILD would set the attribute {name}, which is not allowed")
+        self.name = name
+        self.attribute = attribute
 
 
 def _ops(stream: BinaryIO) -> Iterator[tuple[str, Any]]:
@@ -94,7 +107,23 @@ def _pop_mark(stack: list[Any]) -> list[Any]:
             items = stack[i + 1 :]
             del stack[i:]
             return items
-    raise ValueError("MARK expected")
+    raise ValueError("malformed pickle: MARK expected")
+
+
+def _top(stack: list[Any]) -> Any:
+    """The value on top of the stack; never a MARK (as pickle's own stack underflow check)."""
+    if not stack or isinstance(stack[-1], _Mark):
+        raise ValueError("malformed pickle: stack underflow")
+    return stack[-1]
+
+
+def _pop(stack: list[Any], n: int = 1) -> list[Any]:
+    """The top ``n`` values, oldest first, popped; none of them may be a MARK."""
+    if len(stack) < n or any(isinstance(v, _Mark) for v in stack[len(stack) - n :]):
+        raise ValueError("malformed pickle: stack underflow")
+    items = stack[len(stack) - n :]
+    del stack[len(stack) - n :]
+    return items
 
 
 def _target(stack: list[Any], kind: type) -> Any:
@@ -105,21 +134,32 @@ def _target(stack: list[Any], kind: type) -> Any:
 
 
 def _build(obj: Any, state: Any, allowed_types: tuple[type, ...]) -> None:
+    """``BUILD``: the class's own ``__setstate__`` (never one found on the instance), else
+    the state's items set as attributes; dunder names are refused either way."""
+    cls = type(obj)
     if not isinstance(obj, allowed_types):
-        raise ValueError(f"BUILD on a {type(obj).__name__}, which the allowlist does not hold")
-    setstate: Callable[[Any], None] | None = getattr(obj, "__setstate__", None)
-    if setstate is not None:
-        setstate(state)
-        return
+        raise ValueError(f"BUILD on a {cls.__name__}, which the allowlist does not hold")
     slots = None
+    whole = state
     if isinstance(state, tuple) and len(state) == 2:
         state, slots = state
+    for source in (state, slots):
+        if isinstance(source, dict):
+            for key in source:
+                if not isinstance(key, str):
+                    raise ValueError(f"BUILD state has a key that is not a str: {key!r}")
+                if key.startswith("__"):
+                    raise DisallowedAttribute(cls, key)
+    setstate: Callable[[Any, Any], None] | None = getattr(cls, "__setstate__", None)
+    if setstate is not None:
+        setstate(obj, whole)
+        return
     for source in (state, slots):
         if source:
             if not isinstance(source, dict):
                 raise ValueError("BUILD state is not a dict")
             for key, value in source.items():
-                object.__setattr__(obj, str(key), value)
+                object.__setattr__(obj, key, value)
 
 
 _SIMPLE: dict[str, Callable[[Any], Any]] = {
@@ -142,8 +182,11 @@ def restricted_load(data: bytes, allowed: Mapping[str, object]) -> Any:
     """Evaluate a pickle whose globals must all be keys of ``allowed`` (``"module.name"``).
 
     Only the allowed objects are ever called (``REDUCE``/``NEWOBJ``) and only instances of
-    allowed classes receive ``BUILD``. Raises :class:`DisallowedGlobal` for any other global
-    and ``ValueError`` for anything malformed or unsupported.
+    allowed classes receive ``BUILD``, which calls only a ``__setstate__`` their class defines.
+    Raises :class:`DisallowedGlobal` for any other global, :class:`DisallowedAttribute` (a
+    ``DisallowedGlobal``) for a ``BUILD`` state key starting with ``__``, and ``ValueError``
+    for anything malformed (a stack underflow, a ``MARK`` left over) or unsupported. Errors
+    raised by the allowed callables themselves propagate unchanged.
     """
     allowed_types = tuple(v for v in allowed.values() if isinstance(v, type))
     stack: list[Any] = []
@@ -169,7 +212,7 @@ def restricted_load(data: bytes, allowed: Mapping[str, object]) -> Any:
         elif name in ("PROTO", "FRAME"):
             continue
         elif name == "STOP":
-            if len(stack) != 1:
+            if len(stack) != 1 or isinstance(stack[0], _Mark):
                 raise ValueError("malformed pickle: STOP with a stack of the wrong size")
             return stack[0]
         elif name == "MARK":
@@ -177,23 +220,20 @@ def restricted_load(data: bytes, allowed: Mapping[str, object]) -> Any:
         elif name == "TUPLE":
             stack.append(tuple(_pop_mark(stack)))
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-            n = int(name[-1])
-            last = tuple(stack[-n:])
-            del stack[-n:]
-            stack.append(last)
+            stack.append(tuple(_pop(stack, int(name[-1]))))
         elif name == "LIST":
             stack.append(_pop_mark(stack))
         elif name == "DICT":
             items = _pop_mark(stack)
             stack.append(dict(zip(items[::2], items[1::2], strict=True)))
         elif name == "APPEND":
-            value = stack.pop()
+            (value,) = _pop(stack)
             _target(stack, list).append(value)
         elif name == "APPENDS":
             items = _pop_mark(stack)
             _target(stack, list).extend(items)
         elif name == "SETITEM":
-            value, key = stack.pop(), stack.pop()
+            key, value = _pop(stack, 2)
             _target(stack, dict)[key] = value
         elif name == "SETITEMS":
             items = _pop_mark(stack)
@@ -206,33 +246,38 @@ def restricted_load(data: bytes, allowed: Mapping[str, object]) -> Any:
         elif name == "FROZENSET":
             stack.append(frozenset(_pop_mark(stack)))
         elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            memo[int(arg)] = stack[-1]
+            memo[int(arg)] = _top(stack)
         elif name == "MEMOIZE":
-            memo[len(memo)] = stack[-1]
+            memo[len(memo)] = _top(stack)
         elif name in ("GET", "BINGET", "LONG_BINGET"):
+            if int(arg) not in memo:
+                raise ValueError(f"malformed pickle: memo entry {arg} was never stored")
             stack.append(memo[int(arg)])
         elif name == "POP":
-            stack.pop()
+            if stack and isinstance(stack[-1], _Mark):
+                stack.pop()  # as pickle does: POP right after MARK drops the mark
+            else:
+                _pop(stack)
         elif name == "POP_MARK":
             _pop_mark(stack)
         elif name == "DUP":
-            stack.append(stack[-1])
+            stack.append(_top(stack))
         elif name == "GLOBAL":
             stack.append(resolve(_python3_name(*str(arg).split(" ", 1))))
         elif name == "STACK_GLOBAL":
-            attr, module = stack.pop(), stack.pop()
+            module, attr = _pop(stack, 2)
             stack.append(resolve(f"{module}.{attr}"))
         elif name == "REDUCE":
-            args = stack.pop()
-            stack.append(call(stack.pop(), args))
+            func, args = _pop(stack, 2)
+            stack.append(call(func, args))
         elif name == "NEWOBJ":
-            args, cls = stack.pop(), stack.pop()
+            cls, args = _pop(stack, 2)
             if not any(cls is t for t in allowed_types) or not isinstance(args, tuple):
                 raise ValueError(f"NEWOBJ of {cls!r} is not allowed")
             stack.append(cls.__new__(cls, *args))
         elif name == "BUILD":
-            state = stack.pop()
-            _build(stack[-1], state, allowed_types)
+            (state,) = _pop(stack)
+            _build(_top(stack), state, allowed_types)
         else:
             raise ValueError(f"pickle opcode {name} is not supported")
     raise ValueError("pickle stream has no STOP")

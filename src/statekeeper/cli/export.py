@@ -23,16 +23,18 @@ __all__ = ["export_command"]
     help="Cast floating tensors to this dtype.",
 )
 @strip_options
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def export_command(
     ckpt: str, out: str, key: str | None, dtype: str | None, strip_wrappers: bool,
-    strip: tuple[str, ...], as_json: bool,
+    strip: tuple[str, ...], overwrite: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Write the weights needed for inference from CKPT to OUT.safetensors.
 
     Only the model's state_dict goes out (no optimizer, RNG, counters or other values).
     Tied weights are stored once and recorded under "aliases" in the file's metadata;
-    statekeeper.read(OUT) expands them. Exit status: 0 done, 1 unreadable input, 2 bad
+    statekeeper.read(OUT) expands them. An existing OUT is replaced only with --overwrite.
+    Exit status: 0 done, 1 unreadable input, 2 bad
     arguments.
     """
     with render.reported_errors():
@@ -40,7 +42,7 @@ def export_command(
             render.fail(f"{out}: the output must be a .safetensors file", 2)
         with render.ByteProgress(enabled=not as_json) as bar:
             result = export(ckpt, out, key=key, dtype=dtype, strip=prefixes(strip_wrappers, strip),
-                            progress=bar.phase("writing"))  # fmt: skip
+                            overwrite=overwrite, progress=bar.phase("writing"))  # fmt: skip
     if as_json:
         render.emit_json(dataclasses.asdict(result))
     else:

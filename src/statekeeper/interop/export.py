@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.lightning import WEIGHTS_KEY, is_lightning
 from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
 from statekeeper.interop.tree import flat_leaves, select, strip_prefixes
@@ -99,6 +99,7 @@ def export(
     key: str | None = None,
     dtype: str | torch.dtype | None = None,
     strip: Sequence[str] = (),
+    overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Write the inference weights of ``src`` (a path in any readable format, or a state
@@ -108,10 +109,15 @@ def export(
     (``"bf16"``, ``"fp16"``, ``"fp32"``) casts floating tensors; ``strip`` removes key
     prefixes (pass ``WRAPPER_PREFIXES`` for ``module.`` / ``_orig_mod.``). Tied tensors are
     stored once with their aliases in the metadata; ``statekeeper.read(out)`` gives every
-    name back, so ``model.load_state_dict(statekeeper.read(out))`` works.
+    name back, so ``model.load_state_dict(statekeeper.read(out))`` works. An existing
+    ``out`` is replaced only with ``overwrite=True`` (``StepExistsError`` otherwise).
     """
     from statekeeper.checkpoint.load import read
 
+    if not overwrite and Path(out).exists():
+        raise StepExistsError(
+            f"{out}: the file already exists; pass --overwrite (overwrite=True) to replace it"
+        )
     where = str(src) if isinstance(src, str | Path) else "state"
     state = read(src) if isinstance(src, str | Path) else dict(src)
     cast = parse_dtype(dtype)

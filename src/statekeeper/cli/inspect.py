@@ -14,7 +14,7 @@ import torch
 
 from statekeeper.checkpoint.location import Location, locate
 from statekeeper.checkpoint.reader import read_manifest
-from statekeeper.cli import render, render_interop
+from statekeeper.cli import render, render_inspect, render_interop
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.values import decode_value, join_path
@@ -254,4 +254,4 @@ def inspect(target: str, step: int | None, as_json: bool) -> None:
     if as_json:
         render.emit_json(dataclasses.asdict(report))
     else:
-        render.inspection(report)
+        render_inspect.inspection(report)

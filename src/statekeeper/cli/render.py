@@ -1,7 +1,8 @@
 """All output of the command line: rich for people, JSON for programs.
 
-This is the only module of statekeeper that writes to the terminal. Commands build plain data
-and hand it here; nothing else prints.
+This module and its siblings ``render_inspect`` and ``render_interop`` (which print through
+:func:`stdout_console`) are the only ones of statekeeper that write to the terminal.
+Commands build plain data and hand it here; nothing else prints.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from statekeeper.doctor.finding import Severity
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
 
 if TYPE_CHECKING:
-    from statekeeper.cli.inspect import EntryReport, Report
     from statekeeper.cli.verify import StepResult
 
 __all__ = [
@@ -45,19 +45,18 @@ __all__ = [
     "error",
     "fail",
     "human_bytes",
-    "inspection",
     "listing",
+    "metrics_text",
     "reported_errors",
+    "stdout_console",
     "verify_step",
     "verify_summary",
 ]
 
 PARTIAL_NOTE = "partial (interrupted save, never read)"
-VALUES_SHOWN = 20
-"""Non-tensor values listed per entry in human output (--json lists them all)."""
 
 
-def _out() -> Console:
+def stdout_console() -> Console:
     return Console(highlight=False)
 
 
@@ -115,7 +114,7 @@ def reported_errors() -> Iterator[None]:
         fail(f"{exc}; check that the path exists and is readable", 1)
 
 
-def _metrics(metrics: Mapping[str, Any]) -> str:
+def metrics_text(metrics: Mapping[str, Any]) -> str:
     parts = []
     for key, value in sorted(metrics.items()):
         shown = f"{value:.6g}" if isinstance(value, float) else str(value)
@@ -128,7 +127,7 @@ def _created(created: datetime | None) -> str:
 
 
 def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEntry]) -> None:
-    console = _out()
+    console = stdout_console()
     if not infos and not partial:
         console.print(Text(f"{directory}: no checkpoints"), soft_wrap=True)
         return
@@ -149,7 +148,7 @@ def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEnt
             _created(info.created),
             human_bytes(info.bytes),
             str(info.files),
-            _metrics(info.metrics),
+            metrics_text(info.metrics),
             Text("ok", style="green"),
         )
     for entry in partial:
@@ -163,77 +162,6 @@ def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEnt
     if partial:
         summary += f", {len(partial)} partial (remove with statekeeper.remove_partial)"
     console.print(Text(summary), soft_wrap=True)
-
-
-def _entry_table(entry: EntryReport) -> Table:
-    table = Table(show_edge=False, pad_edge=False)
-    table.add_column("tensor", overflow="fold")
-    table.add_column("shape", no_wrap=True)
-    table.add_column("dtype", no_wrap=True)
-    table.add_column("bytes", justify="right", no_wrap=True)
-    table.add_column("note", overflow="fold")
-    for row in entry.tensors:
-        if row.alias_of is not None:
-            note = Text(f"alias of {row.alias_of}", style="cyan")
-        elif not row.in_state:
-            note = Text("storage shared by aliases", style="cyan")
-        else:
-            note = Text("numpy array" if row.numpy else "")
-        shape = "(" + ", ".join(map(str, row.shape)) + ("," if len(row.shape) == 1 else "") + ")"
-        table.add_row(row.key or entry.name, shape, row.dtype, human_bytes(row.bytes), note)
-    return table
-
-
-def _values_table(entry: EntryReport) -> Table:
-    table = Table(show_edge=False, pad_edge=False)
-    table.add_column("key", overflow="fold")
-    table.add_column("type", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    for row in entry.values[:VALUES_SHOWN]:
-        table.add_row(row.key or entry.name, row.type, row.value)
-    hidden = len(entry.values) - VALUES_SHOWN
-    if hidden > 0:
-        table.add_row(Text(f"... {hidden} more (--json lists all)", style="dim"), "", "")
-    return table
-
-
-def inspection(report: Report) -> None:
-    console = _out()
-    console.print(Text(f"step {report.step}  {report.path}", style="bold"), soft_wrap=True)
-    versions = ", ".join(f"{k} {v}" for k, v in sorted(report.library.items()))
-    console.print(Text(f"created  {report.created}    written by {versions}"), soft_wrap=True)
-    if report.metrics:
-        console.print(Text(f"metrics  {_metrics(report.metrics)}"), soft_wrap=True)
-    for entry in report.entries:
-        console.print()
-        if not entry.tensors and len(entry.values) == 1 and not entry.values[0].key:
-            line = f"{entry.name} ({entry.type}) = {entry.values[0].value}"
-            console.print(Text(line, style="bold"), soft_wrap=True)
-            continue
-        parts = []
-        if entry.tensors:
-            parts.append(f"{len(entry.tensors)} tensor(s), {human_bytes(entry.tensor_bytes)}")
-        if entry.values:
-            parts.append(f"{len(entry.values)} other value(s)")
-        head = f"{entry.name} ({entry.type}): {', '.join(parts) or 'empty'}"
-        console.print(Text(head, style="bold"), soft_wrap=True)
-        if entry.tensors:
-            console.print(_entry_table(entry))
-        if entry.values:
-            console.print(_values_table(entry))
-    t = report.totals
-    console.print()
-    console.print(
-        Text(
-            f"total: {t.tensors} tensor(s) ({t.stored} stored, {t.aliases} alias(es)), "
-            f"{t.tensor_bytes:,} bytes ({human_bytes(t.tensor_bytes)}) of tensor data, "
-            f"{t.values} other value(s), {t.files} file(s) ({human_bytes(t.file_bytes)} on disk)",
-            style="bold",
-        ),
-        soft_wrap=True,
-    )
-    for name, base in sorted(report.aliases.items()):
-        console.print(Text(f"alias: {name} -> {base} (shares its memory)"), soft_wrap=True)
 
 
 class ByteProgress:
@@ -278,12 +206,12 @@ class ByteProgress:
 def averaged(summary: Mapping[str, Any]) -> None:
     """``statekeeper average``: each input with its weight, then what was written."""
     for path, weight in zip(summary["inputs"], summary["weights"], strict=True):
-        _out().print(Text(f"{weight:.4f}  {path}"), soft_wrap=True)
+        stdout_console().print(Text(f"{weight:.4f}  {path}"), soft_wrap=True)
     line = (
         f"averaged {len(summary['inputs'])} checkpoint(s), {summary['tensors']} tensor(s) -> "
         f"step {summary['step']}  {human_bytes(summary['bytes'])}  {summary['out']}"
     )
-    _out().print(Text(line, style="bold green"), soft_wrap=True)
+    stdout_console().print(Text(line, style="bold green"), soft_wrap=True)
 
 
 def verify_step(result: StepResult) -> None:
@@ -292,7 +220,7 @@ def verify_step(result: StepResult) -> None:
         line = Text(f"OK      {label}  {human_bytes(result.bytes)}  {result.path}", style="green")
     else:
         line = Text(f"FAILED  {label}  {result.error}", style="red")
-    _out().print(line, soft_wrap=True)
+    stdout_console().print(line, soft_wrap=True)
 
 
 def verify_summary(results: list[StepResult]) -> None:
@@ -305,7 +233,7 @@ def verify_summary(results: list[StepResult]) -> None:
             f"all {len(results)} step(s) verified ({human_bytes(total)} checked)",
             style="bold green",
         )
-    _out().print(text, soft_wrap=True)
+    stdout_console().print(text, soft_wrap=True)
 
 
 def doctor_report(report: DoctorReport, as_json: bool) -> None:
@@ -313,7 +241,7 @@ def doctor_report(report: DoctorReport, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_json())
         return
-    out = _out()
+    out = stdout_console()
     out.print(f"[bold]statekeeper doctor[/bold] {report.target}: {len(report.rules)} rules, "
               f"{report.seconds:.1f} s")  # fmt: skip
     colors = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}

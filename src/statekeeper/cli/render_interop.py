@@ -10,19 +10,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from statekeeper.cli.render import human_bytes
+from statekeeper.cli.render import human_bytes, stdout_console
+from statekeeper.cli.render_inspect import VALUES_SHOWN
 from statekeeper.interop.convert import ConvertResult
 from statekeeper.interop.describe import Description, FileRow
 from statekeeper.interop.diff import DiffResult
 from statekeeper.interop.export import ExportResult
 
 __all__ = ["converted", "diff_report", "exported", "foreign_inspection", "foreign_listing"]
-
-VALUES_SHOWN = 20
-
-
-def _out() -> Console:
-    return Console(highlight=False)
 
 
 def _shape(shape: list[int] | tuple[int, ...]) -> str:
@@ -36,7 +31,7 @@ def _num(x: float) -> str:
 def diff_report(result: DiffResult, shown: int) -> None:
     """Keys on one side only, changed kinds/shapes/dtypes/values, then the tensors that
     differ, largest difference first; equal ones are counted."""
-    out = _out()
+    out = stdout_console()
     out.print(Text(f"A: {result.a}\nB: {result.b}"), soft_wrap=True)
     for note in result.notes:
         out.print(Text(f"note: {note}", style="dim"), soft_wrap=True)
@@ -82,7 +77,7 @@ def diff_report(result: DiffResult, shown: int) -> None:
 
 
 def converted(result: ConvertResult) -> None:
-    out = _out()
+    out = stdout_console()
     if result.kind == "statekeeper":
         where = f"step {result.step}  {result.path}"
         line = f"{result.source} ({result.source_format}) -> {where}"
@@ -111,7 +106,7 @@ def _aliases_and_dropped(out: Console, aliases: dict[str, str], dropped: tuple[s
 
 
 def exported(result: ExportResult) -> None:
-    out = _out()
+    out = stdout_console()
     what = f"entry {result.key!r}" if result.key else "the whole state"
     line = (
         f"exported {what}: {result.tensors} tensor(s) ({result.stored} stored), "
@@ -123,7 +118,7 @@ def exported(result: ExportResult) -> None:
 
 
 def foreign_listing(path: str, fmt: str, files: list[FileRow]) -> None:
-    out = _out()
+    out = stdout_console()
     table = Table(title=Text(f"{path}  ({fmt})"), title_justify="left")
     table.add_column("file", overflow="fold")
     table.add_column("size", justify="right")
@@ -137,7 +132,7 @@ def foreign_listing(path: str, fmt: str, files: list[FileRow]) -> None:
 
 
 def foreign_inspection(desc: Description) -> None:
-    out = _out()
+    out = stdout_console()
     out.print(Text(f"{desc.path}  ({desc.format})", style="bold"), soft_wrap=True)
     if desc.tensors:
         table = Table(show_edge=False, pad_edge=False)

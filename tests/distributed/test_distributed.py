@@ -23,6 +23,9 @@ from statekeeper.cli.main import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# one xdist worker runs all of them: two jobs launched at once could race for a free port
+pytestmark = pytest.mark.xdist_group("gloo")
+
 
 def launch(scenario: str, world: int, run: Path, out: Path) -> list[int]:
     """Run ``scenario`` on ``world`` ranks; their exit codes."""

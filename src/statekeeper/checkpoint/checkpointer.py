@@ -24,7 +24,7 @@ from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.policies import Retention, SavePolicy
 from statekeeper.checkpoint.save import capture, frozen_names
-from statekeeper.checkpoint.writer import prepare, write_step
+from statekeeper.checkpoint.writer import write_step
 from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import (
     CorruptCheckpointError,
@@ -182,7 +182,7 @@ class Checkpointer:
             return info
         options: dict[str, Any] = {"frozen": frozen_names(full), "shard_bytes": self._shard_bytes}
         if self._writer is not None:
-            prepared = prepare(capture(full), metrics)
+            prepared = self._writer.prepare(capture(full), metrics)  # plan cache: less stall
             pending = self._writer.submit(
                 self.storage,
                 prepared,

@@ -181,7 +181,8 @@ def load(
     verified = read_step(locate(directory, step), progress)
     prepared = dict(verified.state)
     problems = _check(prepared, state, strict)
-    names = parameter_names(state)
+    with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
+    names = parameter_names(state) if with_optimizer else {}
     for name, obj in state.items():
         if name in prepared and isinstance(obj, torch.optim.Optimizer):
             prepared[name], mismatches = to_positional(name, prepared[name], obj, names)

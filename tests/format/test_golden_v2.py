@@ -68,7 +68,7 @@ def _resign(step: Path, edit: str, to: str) -> None:
 @pytest.mark.parametrize(
     ("edit", "to", "problem"),
     [
-        ('"offsets":[2,0]', '"offsets":[3,0]', "lies outside"),
+        ('"offsets":[2,0]', '"offsets":[3,0]', "do not lie inside"),
         ('"offsets":[2,0]', '"offsets":[0,0]', "w"),  # overlapping: a row is never covered
         ('"shape":[4,3],"chunks"', '"shape":[5,3],"chunks"', "cover"),
     ],

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -11,44 +12,62 @@ from rich.text import Text
 from statekeeper.cli.render import human_bytes, metrics_text, stdout_console
 
 if TYPE_CHECKING:
-    from statekeeper.cli.inspect import EntryReport, Report
+    from statekeeper.cli.inspect import EntryReport, Report, TensorRow
 
-__all__ = ["inspection"]
+__all__ = ["VALUES_SHOWN", "inspection", "shape_text", "tensor_table", "values_table"]
 
 VALUES_SHOWN = 20
 """Non-tensor values listed per entry in human output (--json lists them all)."""
 
 
-def _entry_table(entry: EntryReport) -> Table:
+def shape_text(shape: list[int] | tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def tensor_table(rows: Iterable[tuple[str, Sequence[int], str, int, Text]]) -> Table:
+    """A table of (name, shape, dtype, bytes, note) rows."""
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("tensor", overflow="fold")
     table.add_column("shape", no_wrap=True)
     table.add_column("dtype", no_wrap=True)
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("note", overflow="fold")
-    for row in entry.tensors:
-        if row.alias_of is not None:
-            note = Text(f"alias of {row.alias_of}", style="cyan")
-        elif not row.in_state:
-            note = Text("storage shared by aliases", style="cyan")
-        else:
-            note = Text("numpy array" if row.numpy else "")
-        shape = "(" + ", ".join(map(str, row.shape)) + ("," if len(row.shape) == 1 else "") + ")"
-        table.add_row(row.key or entry.name, shape, row.dtype, human_bytes(row.bytes), note)
+    for name, shape, dtype, nbytes, note in rows:
+        table.add_row(name, shape_text(tuple(shape)), dtype, human_bytes(nbytes), note)
     return table
 
 
-def _values_table(entry: EntryReport) -> Table:
+def values_table(rows: Sequence[tuple[str, str, str]]) -> Table:
+    """A table of the first VALUES_SHOWN (key, type, value) rows."""
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("key", overflow="fold")
     table.add_column("type", no_wrap=True)
     table.add_column("value", overflow="fold")
-    for row in entry.values[:VALUES_SHOWN]:
-        table.add_row(row.key or entry.name, row.type, row.value)
-    hidden = len(entry.values) - VALUES_SHOWN
+    for row in rows[:VALUES_SHOWN]:
+        table.add_row(*row)
+    hidden = len(rows) - VALUES_SHOWN
     if hidden > 0:
         table.add_row(Text(f"... {hidden} more (--json lists all)", style="dim"), "", "")
     return table
+
+
+def _note(row: TensorRow) -> Text:
+    if row.alias_of is not None:
+        return Text(f"alias of {row.alias_of}", style="cyan")
+    if not row.in_state:
+        return Text("storage shared by aliases", style="cyan")
+    return Text("numpy array" if row.numpy else "")
+
+
+def _entry_table(entry: EntryReport) -> Table:
+    return tensor_table(
+        (row.key or entry.name, row.shape, row.dtype, row.bytes, _note(row))
+        for row in entry.tensors
+    )
+
+
+def _values_table(entry: EntryReport) -> Table:
+    return values_table([(row.key or entry.name, row.type, row.value) for row in entry.values])
 
 
 def inspection(report: Report) -> None:

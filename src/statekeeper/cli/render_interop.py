@@ -11,17 +11,13 @@ from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli.render import human_bytes, stdout_console
-from statekeeper.cli.render_inspect import VALUES_SHOWN
+from statekeeper.cli.render_inspect import shape_text, tensor_table, values_table
 from statekeeper.interop.convert import ConvertResult
 from statekeeper.interop.describe import Description, FileRow
 from statekeeper.interop.diff import DiffResult
 from statekeeper.interop.export import ExportResult
 
 __all__ = ["converted", "diff_report", "exported", "foreign_inspection", "foreign_listing"]
-
-
-def _shape(shape: list[int] | tuple[int, ...]) -> str:
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _num(x: float) -> str:
@@ -59,7 +55,7 @@ def diff_report(result: DiffResult, shown: int) -> None:
         table.add_column("max rel diff", justify="right")
         for d in result.different[:shown]:
             dtype = d.dtype_a if d.dtype_a == d.dtype_b else f"{d.dtype_a} -> {d.dtype_b}"
-            table.add_row(d.key, _shape(d.shape), dtype, _num(d.max_abs), _num(d.max_rel))
+            table.add_row(d.key, shape_text(d.shape), dtype, _num(d.max_abs), _num(d.max_rel))
         if len(result.different) > shown:
             table.add_row(Text(f"... {len(result.different) - shown} more", style="dim"), "", "",
                           "", "")  # fmt: skip
@@ -131,30 +127,22 @@ def foreign_listing(path: str, fmt: str, files: list[FileRow]) -> None:
                    "statekeeper run (statekeeper convert makes one)"), soft_wrap=True)  # fmt: skip
 
 
+def _alias_note(alias_of: str | None) -> Text:
+    return Text(f"alias of {alias_of}", style="cyan") if alias_of else Text("")
+
+
 def foreign_inspection(desc: Description) -> None:
     out = stdout_console()
     out.print(Text(f"{desc.path}  ({desc.format})", style="bold"), soft_wrap=True)
     if desc.tensors:
-        table = Table(show_edge=False, pad_edge=False)
-        table.add_column("tensor", overflow="fold")
-        table.add_column("shape", no_wrap=True)
-        table.add_column("dtype", no_wrap=True)
-        table.add_column("bytes", justify="right", no_wrap=True)
-        table.add_column("note", overflow="fold")
-        for row in desc.tensors:
-            note = Text(f"alias of {row.alias_of}", style="cyan") if row.alias_of else Text("")
-            table.add_row(row.key, _shape(row.shape), row.dtype, human_bytes(row.bytes), note)
-        out.print(table)
+        out.print(
+            tensor_table(
+                (row.key, row.shape, row.dtype, row.bytes, _alias_note(row.alias_of))
+                for row in desc.tensors
+            )
+        )
     if desc.values:
-        table = Table(show_edge=False, pad_edge=False)
-        for column in ("key", "type", "value"):
-            table.add_column(column, overflow="fold")
-        for value in desc.values[:VALUES_SHOWN]:
-            table.add_row(value.key, value.type, value.value)
-        if len(desc.values) > VALUES_SHOWN:
-            hidden = len(desc.values) - VALUES_SHOWN
-            table.add_row(Text(f"... {hidden} more (--json lists all)", style="dim"), "", "")
-        out.print(table)
+        out.print(values_table([(v.key, v.type, v.value) for v in desc.values]))
     aliases = sum(1 for row in desc.tensors if row.alias_of)
     out.print(
         Text(

@@ -23,7 +23,15 @@ import torch
 
 from statekeeper.format.values import Json
 
-__all__ = ["Chunk", "ShardedRecord", "Sharding", "assemble", "dtype_from_name"]
+__all__ = [
+    "Box",
+    "Chunk",
+    "ShardedRecord",
+    "Sharding",
+    "assemble",
+    "dtype_from_name",
+    "tiling_problem",
+]
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -90,22 +98,36 @@ class Sharding:
         return cls(tensors, list(ranks))
 
 
-def _no_overlap(name: str, boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
-    """``ValueError`` if two chunks overlap: a sweep along the first dimension, so chunks
-    split by rows (the usual FSDP layout) are compared only with their neighbours."""
-    if not boxes or not boxes[0][0]:
-        if len(boxes) > 1:
-            raise ValueError(f"sharded scalar {name!r} has {len(boxes)} chunks")
-        return
-    active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+"""A chunk's offsets and sizes in its tensor."""
+
+
+def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
+    """Why the chunks ``boxes`` do not tile a tensor of ``shape`` exactly (inside its bounds,
+    no overlap, every element covered), or None when they do. Overlap is found by a sweep
+    along the first dimension, so chunks split by rows (the FSDP layout) are compared only
+    with their neighbours."""
+    for start, size in boxes:
+        if len(start) != len(shape) or len(size) != len(shape):
+            return f"do not match its {len(shape)} dimension(s)"
+        for o, n, dim in zip(start, size, shape, strict=True):
+            if type(o) is not int or type(n) is not int or o < 0 or n < 0 or o + n > dim:
+                return f"do not lie inside its size {shape} (chunk at {start} of {size})"
+    if not shape:
+        return None if len(boxes) == 1 else f"are {len(boxes)}, not one, for a scalar"
+    active: list[Box] = []
     for start, size in sorted(boxes):
         if 0 in size:
             continue
         active = [(s, z) for s, z in active if s[0] + z[0] > start[0]]
         for s, z in active:
             if all(a < b + m and b < a + n for a, n, b, m in zip(start, size, s, z, strict=True)):
-                raise ValueError(f"two chunks of sharded tensor {name!r} overlap")
+                return f"overlap (at {s} and {start})"
         active.append((start, size))
+    covered = sum(math.prod(size) for _, size in boxes)
+    if covered != math.prod(shape):
+        return f"cover {covered} of its {math.prod(shape)} elements"
+    return None
 
 
 def assemble(
@@ -113,27 +135,17 @@ def assemble(
 ) -> torch.Tensor:
     """The global tensor from its verified chunks; ``ValueError`` if they do not tile it."""
     dtype = dtype_from_name(record.dtype)
+    pieces = [chunk(c.tensor) for c in record.chunks]
+    if any(p.dtype != dtype for p in pieces):
+        raise ValueError(f"a chunk of sharded tensor {name!r} has another dtype")
+    boxes = [(c.offsets, tuple(p.shape)) for c, p in zip(record.chunks, pieces, strict=True)]
+    problem = tiling_problem(record.shape, boxes)
+    if problem is not None:
+        raise ValueError(f"the chunks of sharded tensor {name!r} {problem}")
     out = torch.empty(record.shape, dtype=dtype)
-    covered = 0
-    for c in record.chunks:
-        piece = chunk(c.tensor)
-        if (
-            piece.dtype != dtype
-            or len(c.offsets) != len(record.shape)
-            or piece.dim() != len(record.shape)
-        ):
-            raise ValueError(f"chunk {c.tensor!r} does not match sharded tensor {name!r}")
+    for (start, size), piece in zip(boxes, pieces, strict=True):
         target = out
-        for dim, (start, length) in enumerate(zip(c.offsets, piece.shape, strict=True)):
-            if start + length > record.shape[dim]:
-                raise ValueError(f"chunk {c.tensor!r} lies outside sharded tensor {name!r}")
-            target = target.narrow(dim, start, length)
+        for dim, (offset, length) in enumerate(zip(start, size, strict=True)):
+            target = target.narrow(dim, offset, length)
         target.copy_(piece)
-        covered += piece.numel()
-    _no_overlap(name, [(c.offsets, tuple(chunk(c.tensor).shape)) for c in record.chunks])
-    if covered != math.prod(record.shape):
-        raise ValueError(
-            f"the chunks of sharded tensor {name!r} cover {covered} of "
-            f"{math.prod(record.shape)} elements"
-        )
     return out

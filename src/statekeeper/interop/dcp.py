@@ -11,7 +11,6 @@ nested structure comes back from the planner's key mapping as DCP itself rebuild
 from __future__ import annotations
 
 import itertools
-import math
 import pathlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from statekeeper.errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
+from statekeeper.format.sharding import tiling_problem
 from statekeeper.interop.opcodes import DisallowedAttribute, DisallowedGlobal, restricted_load
 from statekeeper.interop.pickled import load_torch_bytes
 
@@ -119,38 +119,13 @@ def _data_file(folder: Path, relative: object) -> Path:
 
 def _check_tiling(where: str, fqn: str, shape: tuple[int, ...], chunks: list[Any]) -> None:
     """``CorruptCheckpointError`` unless the chunks lie inside ``shape``, do not overlap and
-    cover every element (the rules of ``statekeeper.format.sharding.assemble``)."""
-
-    def bad(problem: str) -> CorruptCheckpointError:
-        return CorruptCheckpointError(where, f"the chunks of tensor {fqn!r} {problem}")
-
-    if any(not isinstance(n, int) or n < 0 for n in shape):
+    cover every element (the rules statekeeper's own sharded steps follow)."""
+    if any(type(n) is not int or n < 0 for n in shape):
         raise CorruptCheckpointError(where, f"tensor {fqn!r} has an invalid size {shape}")
-    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    for chunk in chunks:
-        start, size = tuple(chunk.offsets), tuple(chunk.sizes)
-        if len(start) != len(shape) or len(size) != len(shape):
-            raise bad(f"do not match its {len(shape)} dimension(s)")
-        for o, n, dim in zip(start, size, shape, strict=True):
-            if not isinstance(o, int) or not isinstance(n, int) or o < 0 or n < 0 or o + n > dim:
-                raise bad(f"do not lie inside its size {shape} (chunk at {start} of {size})")
-        boxes.append((start, size))
-    if not shape:
-        if len(boxes) != 1:
-            raise bad(f"are {len(boxes)}, not one, for a scalar")
-        return
-    active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    for start, size in sorted(boxes):  # sweep along dim 0: row-split chunks meet neighbours
-        if 0 in size:
-            continue
-        active = [(s, z) for s, z in active if s[0] + z[0] > start[0]]
-        for s, z in active:
-            if all(a < b + m and b < a + n for a, n, b, m in zip(start, size, s, z, strict=True)):
-                raise bad(f"overlap (at {s} and {start})")
-        active.append((start, size))
-    covered = sum(math.prod(size) for _, size in boxes)
-    if covered != math.prod(shape):
-        raise bad(f"cover {covered} of its {math.prod(shape)} elements")
+    boxes = [(tuple(c.offsets), tuple(c.sizes)) for c in chunks]
+    problem = tiling_problem(tuple(shape), boxes)
+    if problem is not None:
+        raise CorruptCheckpointError(where, f"the chunks of tensor {fqn!r} {problem}")
 
 
 def _read_item(folder: Path, info: Any, where: str, handles: dict[str, Any]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -340,3 +341,14 @@ def test_wrapped_modules_save_and_load_without_prefixes(tmp_path: Path) -> None:
     wrapped = torch.nn.DataParallel(make_model(2))
     sk.load(tmp_path, {"model": wrapped, "opt": torch.optim.SGD(wrapped.parameters(), lr=0.1)})
     assert_state_equal(wrapped.module.state_dict(), model.state_dict())
+
+
+def test_save_reports_progress_in_bytes(tmp_path: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    state = {"a": torch.zeros(1000), "b": torch.ones(24, dtype=torch.float64)}
+    sk.save(tmp_path, state, step=1, progress=lambda done, total: calls.append((done, total)))
+    total = sum(p.stat().st_size for p in (tmp_path / "step_000000001").glob("*.safetensors"))
+    assert calls and calls[-1] == (total, total)
+    assert all(a <= b for (a, _), (b, _) in itertools.pairwise(calls))
+    with pytest.raises(sk.InvalidArgumentError, match="progress"):
+        sk.save(tmp_path, state, step=2, blocking=False, progress=lambda d, t: None)

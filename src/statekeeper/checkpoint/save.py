@@ -10,6 +10,7 @@ import torch
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
+from statekeeper.checkpoint.reader import Progress
 from statekeeper.checkpoint.writer import write_step
 from statekeeper.data.torchdata import (
     capture_loader,
@@ -94,6 +95,7 @@ def save(
     shard_bytes: int = ...,
     blocking: Literal[True] = ...,
     scope: Scope = ...,
+    progress: Progress | None = ...,
 ) -> CheckpointInfo: ...
 
 
@@ -108,6 +110,7 @@ def save(
     shard_bytes: int = ...,
     blocking: Literal[False],
     scope: Scope = ...,
+    progress: None = ...,
 ) -> PendingSave: ...
 
 
@@ -121,6 +124,7 @@ def save(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     blocking: bool = True,
     scope: Scope = Scope.AUTO,
+    progress: Progress | None = None,
 ) -> CheckpointInfo | PendingSave:
     """Save ``state`` as committed step ``step`` of the run ``directory``.
 
@@ -141,6 +145,9 @@ def save(
     ``torch.distributed.checkpoint``, each rank's RNG and loader state is kept per rank, and
     rank 0 commits once all ranks have written (see docs/distributed.md). Pass
     ``scope=Scope.LOCAL`` to save from one process alone.
+
+    ``progress(done, total)`` (blocking single-process saves) is called with the tensor bytes
+    written so far.
     """
     storage = resolve_storage(directory)
     validate_step(step)
@@ -158,6 +165,10 @@ def save(
         "overwrite": overwrite,
         "shard_bytes": shard_bytes,
     }
+    if progress is not None:
+        if not blocking:
+            raise InvalidArgumentError("progress= is only for blocking single-process saves")
+        options["progress"] = progress
     if not blocking:
         writer = _writers.setdefault(storage.describe(), AsyncWriter())
         prepared = writer.prepare(capture(state), metrics)

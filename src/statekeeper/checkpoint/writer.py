@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -90,6 +90,18 @@ def check_step(storage: Storage, step: int, overwrite: bool) -> bool:
     return exists
 
 
+def _counted(
+    chunks: Iterator[bytes | memoryview],
+    progress: Callable[[int, int], None],
+    written: list[int],
+    total: int,
+) -> Iterator[bytes | memoryview]:
+    for chunk in chunks:
+        yield chunk
+        written[0] += memoryview(chunk).nbytes
+        progress(written[0], total)
+
+
 def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[bytes | memoryview]:
     """``chunks``, each hashed in a worker thread while the consumer writes it.
 
@@ -122,23 +134,35 @@ def commit(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     created: str | None = None,
     library: dict[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CheckpointInfo:
-    """Stream the shards, write the manifest last, commit. The caller holds the writer lock."""
+    """Stream the shards, write the manifest last, commit. The caller holds the writer lock.
+
+    ``progress(done, total)`` is called with the bytes of the shards written so far."""
     if shard_bytes < 1:
         raise InvalidArgumentError(f"shard_bytes must be positive, got {shard_bytes}")
     exists = check_step(storage, step, overwrite)
     entry = step_entry(step)
     files: dict[str, FileRecord] = {}
     tensors: dict[str, TensorRecord] = {}
+    planned = [
+        (shard.file, members, layout(members))
+        for shard in plan_shards(prepared.stored, frozen or (), shard_bytes)
+        for members in ({n: prepared.stored[n] for n in shard.names},)
+    ]
+    total = sum(lay.size for _, _, lay in planned)
+    written = [0]
     txn = storage.begin(entry, replace=exists)
     try:
-        for shard in plan_shards(prepared.stored, frozen or (), shard_bytes):
-            members = {n: prepared.stored[n] for n in shard.names}
+        for file, members, lay in planned:
             hasher = Hasher()
-            txn.write_chunks(shard.file, _hashed(stream(members, layout(members)), hasher))
-            files[shard.file] = FileRecord(hasher.size, hasher.hexdigest())
+            chunks = _hashed(stream(members, lay), hasher)
+            if progress is not None:
+                chunks = _counted(chunks, progress, written, total)
+            txn.write_chunks(file, chunks)
+            files[file] = FileRecord(hasher.size, hasher.hexdigest())
             for n, t in members.items():
-                tensors[n] = TensorRecord(shard.file, dtype_name(t.dtype), tuple(t.shape))
+                tensors[n] = TensorRecord(file, dtype_name(t.dtype), tuple(t.shape))
         manifest = Manifest(
             step=step,
             created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),

@@ -47,8 +47,15 @@ def convert_command(
     or unsafe input or OUT already exists, 2 bad arguments.
     """
     with render.reported_errors(), render.ByteProgress(enabled=not as_json) as bar:
-        result = convert(src, dst, step=step, key=key, overwrite=overwrite,
-                         progress=bar.phase("reading"))  # fmt: skip
+        result = convert(
+            src,
+            dst,
+            step=step,
+            key=key,
+            overwrite=overwrite,
+            progress=bar.phase("reading"),
+            write_progress=bar.phase("writing"),
+        )
     if as_json:
         render.emit_json(dataclasses.asdict(result))
     else:

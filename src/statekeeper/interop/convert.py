@@ -67,6 +67,7 @@ def convert(
     key: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    write_progress: Progress | None = None,
 ) -> ConvertResult:
     """Convert ``src`` (any format ``statekeeper.read`` reads) into ``dst``.
 
@@ -79,6 +80,8 @@ def convert(
     ``overwrite`` allows replacing what is there: the step ``step`` of the run, or the whole
     ``.safetensors`` file. Without it, an existing step or file is a ``StepExistsError`` (a
     ``FileExistsError``), raised before the source is read.
+
+    ``progress(done, total)`` follows the reading, ``write_progress`` the writing.
     """
     from statekeeper.checkpoint.load import read
     from statekeeper.checkpoint.save import save
@@ -103,13 +106,15 @@ def convert(
             else:
                 dropped.append(name)
         stored, aliases = tie_plan(tensors)
-        size = write_safetensors(dst, stored, aliases=aliases, metadata={"format": "pt"})
+        size = write_safetensors(
+            dst, stored, aliases=aliases, metadata={"format": "pt"}, progress=write_progress
+        )
         return ConvertResult(
             str(src), fmt, str(dst), "safetensors", None, (), len(tensors), size, aliases,
             tuple(dropped), None,
         )  # fmt: skip
     entries, wrapped = entries_for_save(state, key)
-    info = save(dst, entries, step=step, overwrite=overwrite)
+    info = save(dst, entries, step=step, overwrite=overwrite, progress=write_progress)
     count = len([v for v in flat_leaves(entries).values() if isinstance(v, torch.Tensor)])
     return ConvertResult(
         str(src), fmt, info.path, "statekeeper", info.step, tuple(entries), count, info.bytes,

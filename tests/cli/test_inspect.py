@@ -71,6 +71,7 @@ def test_inspect_json_structure(invoke: Invoke, run_dir: Path) -> None:
         "alias_of": None,
         "numpy": False,
         "in_state": True,
+        "chunks": 0,
     }
     assert model["model/head.weight"]["alias_of"] == "model/embed.weight"
     assert model["model/head.weight"]["bytes"] == 0

@@ -90,3 +90,22 @@ def test_damaged_chunk_file_is_named(tmp_path: Path) -> None:
     chunk.write_bytes(bytes(data))
     with pytest.raises(sk.CorruptCheckpointError, match="chunks-00001"):
         sk.read(step)
+
+
+def test_cli_inspects_a_sharded_step(capsys: pytest.CaptureFixture[str]) -> None:
+    from statekeeper.cli.main import main as cli
+
+    assert cli.main(["inspect", str(STEP_DIR), "--json"], standalone_mode=False) in (None, 0)
+    report = json.loads(capsys.readouterr().out)
+    entries = {e["name"]: e for e in report["entries"]}
+    weight = next(t for t in entries["model"]["tensors"] if t["key"] == "w")
+    assert (weight["shape"], weight["chunks"], weight["bytes"]) == ([4, 3], 2, 48)
+    assert {"sampler (rank 0)", "sampler (rank 1)"} <= set(entries)
+    assert not any(t["name"].startswith("$chunk/") for e in entries.values() for t in e["tensors"])
+
+
+def test_average_reads_sharded_steps(tmp_path: Path) -> None:
+    other = _copy(tmp_path)  # the same step, once more: the mean equals the input
+    sk.average_checkpoints([STEP_DIR, other], tmp_path / "avg", key="model")
+    averaged = sk.read(tmp_path / "avg")["model"]
+    assert torch.equal(averaged["w"], gen.W) and torch.equal(averaged["b"], gen.B)

@@ -15,27 +15,22 @@ from memory), so peak memory is about one model, never one per input.
 from __future__ import annotations
 
 import math
-import mmap
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
 
 import torch
-from safetensors import safe_open
 
+from statekeeper.averaging.shards import Shards, file_of
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import Location, locate, validate_step
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, KeyMismatchError
 from statekeeper.format.aliases import Alias, rebuild_alias
-from statekeeper.format.checksum import matches
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.tensors import dtype_name
 from statekeeper.format.values import Json, decode_value
 from statekeeper.state.tree import unflatten
-from statekeeper.storage.local import LocalStorage
 
 __all__ = ["average_checkpoints", "normalize_weights"]
 
@@ -100,6 +95,10 @@ def _signatures(manifest: Manifest, skeleton: Json, root: str, where: str) -> di
         raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
     sigs: dict[str, _Sig] = {}
     for name in refs:
+        sharded = manifest.sharding.tensors.get(name) if manifest.sharding else None
+        if sharded is not None:  # a multi-process step: assembled from its chunks on read
+            sigs[name] = _Sig(sharded.dtype, sharded.shape, None)
+            continue
         alias = manifest.aliases.get(name)
         base = alias.base if alias is not None else name
         record = manifest.tensors.get(base)
@@ -156,71 +155,7 @@ def _mismatches(inputs: list[_Input], ref: _Input, key: str | None) -> list[str]
     return problems
 
 
-def _matches(f: BinaryIO, expected: str) -> bool:
-    """``checksum.matches`` over a file mapped into memory, never read into the heap."""
-    if os.fstat(f.fileno()).st_size == 0:
-        return matches(b"", expected)
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-        return matches(view, expected)
-
-
-class _Shards:
-    """Tensors of one checkpoint, one at a time; a shard is verified before its first use."""
-
-    def __init__(self, inp: _Input) -> None:
-        storage = inp.location.storage
-        if not isinstance(storage, LocalStorage):
-            raise InvalidArgumentError("average_checkpoints reads local checkpoints only")
-        self._dir = storage.root / inp.location.entry
-        self._manifest = inp.manifest
-        self._file: str | None = None
-        self._handle: Any = None
-        self._verified: set[str] = set()  # checksummed once, however often reopened
-
-    def _open(self, file: str) -> None:
-        """Check ``file``'s size and checksum against the manifest (once), then open it."""
-        self.close()
-        path, record = str(self._dir / file), self._manifest.files.get(file)
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                ok = file in self._verified or (
-                    record is not None and size == record.size and _matches(f, record.checksum)
-                )
-        except FileNotFoundError:
-            raise CorruptCheckpointError(path, "file listed in the manifest is missing") from None
-        if not ok:
-            expected = f"{record.size} bytes, {record.checksum}" if record else "no record"
-            raise CorruptCheckpointError(path, f"size or checksum mismatch ({expected})")
-        self._verified.add(file)
-        try:
-            self._handle = safe_open(path, framework="pt")
-        except Exception as exc:  # safetensors raises its own SafetensorError
-            raise CorruptCheckpointError(path, f"not a valid safetensors file ({exc})") from None
-        self._file = file
-
-    def get(self, name: str) -> torch.Tensor:
-        record = self._manifest.tensors[name]
-        if record.file != self._file:
-            self._open(record.file)
-        try:
-            t: torch.Tensor = self._handle.get_tensor(name)
-        except Exception:  # absent from the shard: reported below
-            t = torch.empty(0)
-        if dtype_name(t.dtype) != record.dtype or tuple(t.shape) != record.shape:
-            problem = f"tensor {name!r} is missing or differs from the manifest"
-            raise CorruptCheckpointError(str(self._dir / record.file), problem)
-        return t
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.__exit__(None, None, None)
-        self._handle, self._file = None, None
-
-
-def _average(
-    name: str, dtype: torch.dtype, shards: list[_Shards], raw: list[float]
-) -> torch.Tensor:
+def _average(name: str, dtype: torch.dtype, shards: list[Shards], raw: list[float]) -> torch.Tensor:
     """The weighted mean of one stored tensor: accumulated wide, written in ``dtype``."""
     wide = torch.complex128 if dtype.is_complex else torch.float64
     acc: torch.Tensor | None = None
@@ -278,12 +213,12 @@ def average_checkpoints(
         raise KeyMismatchError(problems, _HINT)
     stored = sorted(
         (n for n, sig in ref.sigs.items() if sig.alias is None),
-        key=lambda n: (ref.manifest.tensors[n].file, n),
+        key=lambda n: (file_of(ref.manifest, n), n),
     )
     if progress is not None:
         progress(0, len(stored))
     averaged: dict[str, torch.Tensor] = {}
-    shards = [_Shards(inp) for inp in inputs]
+    shards = [Shards(inp.location, inp.manifest) for inp in inputs]
     try:
         for done, name in enumerate(stored, 1):
             dtype = getattr(torch, ref.sigs[name].dtype, None)

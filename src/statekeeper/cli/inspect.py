@@ -39,6 +39,7 @@ class TensorRow:
     alias_of: str | None
     numpy: bool = False
     in_state: bool = True  # False for a stored base that only aliases refer to
+    chunks: int = 0  # of a sharded tensor (a multi-process save): how many pieces hold it
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,13 @@ def _itemsize(dtype: str, where: str) -> int:
 def _tensor_row(manifest: Manifest, where: str, name: str, key: str, ref: _Ref | None) -> TensorRow:
     numpy = ref is not None and ref.tag == "$ndarray"
     in_state = ref is not None
+    sharded = manifest.sharding.tensors.get(name) if manifest.sharding is not None else None
+    if sharded is not None:
+        size = math.prod(sharded.shape) * _itemsize(sharded.dtype, where)
+        return TensorRow(
+            name, key, list(sharded.shape), sharded.dtype, size, None, None, numpy, True,
+            len(sharded.chunks),
+        )  # fmt: skip
     if name in manifest.tensors:
         rec = manifest.tensors[name]
         size = math.prod(rec.shape) * _itemsize(rec.dtype, where)
@@ -155,19 +163,29 @@ def _relative(path: str, entry: str) -> str:
 
 
 def _decode(manifest: Manifest, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The state (tensors as references) and metrics; the per-rank entries of a sharded step
+    appear as ``"<entry> (rank <r>)"``."""
+
     def on_ref(tag: str, name: str) -> _Ref:
         return _Ref(tag, name)
 
     def no_ref(tag: str, name: str) -> _Ref:
         raise ValueError(f"metrics cannot refer to tensor {name!r}")
 
+    skeletons: list[tuple[int | None, Any]] = [(None, manifest.state)]
+    if manifest.sharding is not None:
+        skeletons += list(enumerate(manifest.sharding.ranks))
+    state: dict[str, Any] = {}
     try:
-        state = decode_value(manifest.state, "", on_ref)
+        for rank, skeleton in skeletons:
+            part = decode_value(skeleton, "", on_ref)
+            if not isinstance(part, dict):
+                raise CorruptCheckpointError(where, "state is not a mapping")
+            suffix = "" if rank is None else f" (rank {rank})"
+            state.update({f"{k}{suffix}": v for k, v in part.items()})
         metrics = {k: decode_value(v, k, no_ref) for k, v in manifest.metrics.items()}
     except ValueError as exc:
         raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
-    if not isinstance(state, dict):
-        raise CorruptCheckpointError(where, "state is not a mapping")
     return state, metrics
 
 
@@ -184,6 +202,8 @@ def build_report(location: Location, manifest: Manifest) -> Report:
         _walk(value, str(name), refs, leaves)
         for path, ref in refs:
             seen.add(ref.name)
+            if manifest.sharding is not None and ref.name in manifest.sharding.tensors:
+                seen.update(c.tensor for c in manifest.sharding.tensors[ref.name].chunks)
             row = _tensor_row(manifest, where, ref.name, _relative(path, entry.name), ref)
             entry.tensors.append(row)
         for path, leaf in leaves:

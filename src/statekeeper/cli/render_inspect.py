@@ -56,6 +56,8 @@ def _note(row: TensorRow) -> Text:
         return Text(f"alias of {row.alias_of}", style="cyan")
     if not row.in_state:
         return Text("storage shared by aliases", style="cyan")
+    if row.chunks:
+        return Text(f"sharded in {row.chunks} chunk(s)", style="cyan")
     return Text("numpy array" if row.numpy else "")
 
 

@@ -20,10 +20,13 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,11 +35,15 @@ import numpy as np
 import torch
 
 from statekeeper.checkpoint.checkpointer import RNG_ENTRY, Checkpointer
-from statekeeper.checkpoint.load import read
+from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.policies import EverySteps
+from statekeeper.checkpoint.reader import read_step
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.state.rng import Generator, RNGState
+
+_SYNC = "STATEKEEPER_TEST_SYNC"  # set for the ranks of a multi-process run
+_BACKEND = "STATEKEEPER_TEST_BACKEND"
 
 __all__ = [
     "Run",
@@ -120,37 +127,85 @@ def assert_state_equal(a: Any, b: Any) -> None:
         raise AssertionError(f"states differ at {found}")
 
 
+def _die() -> None:
+    """SIGKILL this process; in a multi-process run, once every rank has got here (so that no
+    rank is still inside a collective with one already dead)."""
+    sync = os.environ.get(_SYNC)
+    if sync:
+        world = int(os.environ["WORLD_SIZE"])
+        Path(sync, f"rank-{os.environ['RANK']}").touch()
+        while len(list(Path(sync).iterdir())) < world:
+            time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _child(ref: str, mode: str, run_dir: str, out_dir: str, steps: int, stop_at: int) -> None:
+    if os.environ.get(_SYNC):
+        import torch.distributed as dist
+
+        dist.init_process_group(os.environ.get(_BACKEND, "gloo"))
     run = _load_reference(ref)()
     start = 0
     with Checkpointer(run_dir, every=EverySteps(1), generators=run.generators) as ckpt:
         if mode == "resume":
             start = ckpt.restore_latest(run.state) or 0
         if mode == "stop" and stop_at == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die()
         for i in range(start, steps):
             run.step(i)
             if mode == "stop":
                 ckpt.save(i + 1, run.state)
                 if i + 1 == stop_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    _die()
     save(out_dir, {**run.state, RNG_ENTRY: RNGState(run.generators)}, step=steps)
 
 
-def _spawn(args: list[str], hash_seed: int, timeout: float) -> subprocess.CompletedProcess[str]:
+@dataclass(frozen=True)
+class _Exit:
+    codes: list[int]
+    stderr: str
+
+
+def _spawn(
+    args: list[str], hash_seed: int, timeout: float, world: int = 1, backend: str = "gloo"
+) -> _Exit:
+    """Run one phase: one process, or ``world`` ranks of a gloo job (torchrun's variables)."""
     env = {
         **os.environ,
         "PYTHONHASHSEED": str(hash_seed),
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }
-    return subprocess.run(
-        [sys.executable, "-m", "statekeeper.testing", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    command = [sys.executable, "-m", "statekeeper.testing", *args]
+    if world == 1:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        return _Exit([done.returncode], done.stderr)
+    with ExitStack() as stack:
+        sync = stack.enter_context(tempfile.TemporaryDirectory())
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(world)]
+        ranks = [
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world),
+             "RANK": str(r), "LOCAL_RANK": str(r), _SYNC: sync, _BACKEND: backend}
+            for r in range(world)
+        ]  # fmt: skip
+        procs = [
+            subprocess.Popen(command, env={**env, **extra}, stderr=log, stdout=subprocess.DEVNULL)
+            for extra, log in zip(ranks, logs, strict=True)
+        ]
+        try:
+            codes = [p.wait(timeout) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        text = []
+        for r, log in enumerate(logs):
+            log.seek(0)
+            text.append(f"--- rank {r} ---\n{log.read()[-2000:]}")
+        return _Exit(codes, "\n".join(text))
 
 
 def assert_resumes_exactly(
@@ -160,11 +215,20 @@ def assert_resumes_exactly(
     stop_at: int | Sequence[int],
     workdir: str | os.PathLike[str] | None = None,
     timeout: float = 600.0,
+    world_size: int = 1,
+    backend: str = "gloo",
 ) -> None:
     """Fail unless a run killed at each ``stop_at`` and resumed ends bitwise equal to an
-    uninterrupted run of ``steps`` steps (see the module docstring)."""
+    uninterrupted run of ``steps`` steps (see the module docstring).
+
+    With ``world_size`` > 1 each of the three runs is a job of that many processes on this
+    machine (``torch.distributed`` initialized with ``backend`` before ``make_run``, which
+    builds its sharded or DDP model itself); every rank is killed at ``stop_at``, and every
+    rank's final state (its per-rank RNG and loader entries included) must match."""
     ref = _reference(make_run)
     stops = [stop_at] if isinstance(stop_at, int) else list(stop_at)
+    if type(world_size) is not int or world_size < 1:
+        raise InvalidArgumentError(f"world_size must be an int >= 1, got {world_size!r}")
     if (
         type(steps) is not int
         or steps < 1
@@ -175,35 +239,42 @@ def assert_resumes_exactly(
         )
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         root = Path(tmp)
-        full = _spawn(
-            [ref, "full", str(root / "unused"), str(root / "full"), str(steps), "0"], 1, timeout
-        )
-        if full.returncode != 0:
+        args = [ref, "full", str(root / "unused"), str(root / "full"), str(steps), "0"]
+        full = _spawn(args, 1, timeout, world_size, backend)
+        if any(full.codes):
             raise AssertionError(f"the uninterrupted run failed:\n{full.stderr[-4000:]}")
-        expected = read(root / "full")
+        expected = _final_states(root / "full", world_size)
         for stop in stops:
             run_dir, out = root / f"run-{stop}", root / f"resumed-{stop}"
-            stopped = _spawn(
-                [ref, "stop", str(run_dir), str(out), str(steps), str(stop)], 2, timeout
-            )
-            if stopped.returncode != -signal.SIGKILL:
+            args = [ref, "stop", str(run_dir), str(out), str(steps), str(stop)]
+            stopped = _spawn(args, 2, timeout, world_size, backend)
+            if any(code != -signal.SIGKILL for code in stopped.codes):
                 raise AssertionError(
                     f"the run to be stopped at step {stop} did not die by SIGKILL "
-                    f"(exit {stopped.returncode}):\n{stopped.stderr[-4000:]}"
+                    f"(exit {stopped.codes}):\n{stopped.stderr[-4000:]}"
                 )
-            resumed = _spawn(
-                [ref, "resume", str(run_dir), str(out), str(steps), str(stop)], 3, timeout
-            )
-            if resumed.returncode != 0:
+            args = [ref, "resume", str(run_dir), str(out), str(steps), str(stop)]
+            resumed = _spawn(args, 3, timeout, world_size, backend)
+            if any(resumed.codes):
                 raise AssertionError(
                     f"the run resumed after step {stop} failed:\n{resumed.stderr[-4000:]}"
                 )
-            found = first_difference(expected, read(out))
-            if found:
-                raise AssertionError(
-                    f"killed after step {stop} and resumed, the run ends differently from the "
-                    f"uninterrupted one; first difference at {found}"
-                )
+            for rank, (want, got) in enumerate(
+                zip(expected, _final_states(out, world_size), strict=True)
+            ):
+                found = first_difference(want, got)
+                if found:
+                    where = f" on rank {rank}" if world_size > 1 else ""
+                    raise AssertionError(
+                        f"killed after step {stop} and resumed, the run ends differently from "
+                        f"the uninterrupted one{where}; first difference at {found}"
+                    )
+
+
+def _final_states(directory: Path, world: int) -> list[dict[str, Any]]:
+    """The final state as each rank saw it (the shared state plus that rank's own)."""
+    location = locate(directory, None)
+    return [read_step(location, rank=r).state for r in range(world)]
 
 
 def assert_checkpoint_safe(factory: Callable[[], Any], *, allow: Sequence[str] = ()) -> None:

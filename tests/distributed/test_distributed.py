@@ -211,3 +211,11 @@ def test_per_rank_wraps_stateful_objects_only() -> None:
     sampler = sk.ResumableSampler(range(10), seed=1)
     wrapped = sk.PerRank(sampler)
     assert wrapped.state_dict() == sampler.state_dict()
+
+
+def test_assert_resumes_exactly_across_processes() -> None:
+    from tests.helpers.dist_runs import fsdp_run
+
+    from statekeeper.testing import assert_resumes_exactly
+
+    assert_resumes_exactly(fsdp_run, steps=4, stop_at=2, world_size=2)

@@ -187,12 +187,13 @@ def _lookup(tensors: dict[str, torch.Tensor]) -> Callable[[str], torch.Tensor]:
 
 
 def _decode(
-    location: Location, manifest: Manifest, tensors: dict[str, torch.Tensor]
+    location: Location, manifest: Manifest, tensors: dict[str, torch.Tensor], rank: int
 ) -> dict[str, Any]:
-    """The nested state; of a sharded step, with rank 0's per-rank entries."""
+    """The nested state; of a sharded step, with the per-rank entries of ``rank`` (when the
+    saving job had that rank)."""
     skeletons = [manifest.state]
-    if manifest.sharding is not None:
-        skeletons.append(manifest.sharding.ranks[0])
+    if manifest.sharding is not None and 0 <= rank < len(manifest.sharding.ranks):
+        skeletons.append(manifest.sharding.ranks[rank])
     state: dict[str, Any] = {}
     for skeleton in skeletons:
         try:
@@ -207,8 +208,11 @@ def _decode(
     return state
 
 
-def read_step(location: Location, progress: Progress | None = None) -> VerifiedStep:
+def read_step(location: Location, progress: Progress | None = None, rank: int = 0) -> VerifiedStep:
     """Read, verify and decode one committed step; raises only statekeeper errors.
+
+    A sharded step (saved by several processes) is read whole, with the per-rank entries
+    that rank ``rank`` saved.
 
     Files are decoded while their checksums are computed, but nothing is returned (and no
     error other than the first bad checksum is raised) before every checksum has passed.
@@ -221,7 +225,8 @@ def read_step(location: Location, progress: Progress | None = None) -> VerifiedS
     verifier = _Verifier(location, manifest)
     try:
         try:
-            state = _decode(location, manifest, _load_tensors(location, manifest, verifier))
+            tensors = _load_tensors(location, manifest, verifier)
+            state = _decode(location, manifest, tensors, rank)
         except CorruptCheckpointError:
             verifier.check()  # a bad checksum of a file read so far is reported first
             raise

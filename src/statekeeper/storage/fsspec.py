@@ -98,7 +98,7 @@ class FsspecStorage:
     """
 
     def __init__(self, url: str, *, marker: str = "manifest.json", **storage_options: Any) -> None:
-        self.url = url.rstrip("/")
+        self.url = url.rstrip("/") + ("//" if url.rstrip("/").endswith(":") else "")
         self.marker = marker
         self.fs, self.root = _filesystem(url, storage_options)
         self._mutex = threading.RLock()
@@ -107,7 +107,10 @@ class FsspecStorage:
         return "/".join(p for p in (self.root, entry, name) if p)
 
     def describe(self, entry: str = "", name: str = "") -> str:
-        return "/".join(p for p in (self.url, entry, name) if p)
+        rest = "/".join(p for p in (entry, name) if p)
+        if self.url.endswith("://") or not rest:
+            return self.url + rest
+        return f"{self.url}/{rest}"
 
     def _real(self, entry: str) -> str:
         return entry.removesuffix(INCOMPLETE)

@@ -147,3 +147,14 @@ def test_cli_accepts_urls(url: str, capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_scheme_says_what_to_install() -> None:
     with pytest.raises(sk.InvalidArgumentError, match="install"):
         sk.list_checkpoints("nosuchproto://bucket/run")
+
+
+def test_bare_root_url_names_steps_under_it() -> None:
+    fs = fsspec.filesystem("memory")
+    try:
+        sk.save("memory://", {"x": torch.ones(2)}, step=123456)
+        info = next(i for i in sk.list_checkpoints("memory://") if i.step == 123456)
+        assert info.path == "memory://step_000123456"
+        assert torch.equal(sk.read("memory://step_000123456")["x"], torch.ones(2))
+    finally:
+        fs.rm("/step_000123456", recursive=True)

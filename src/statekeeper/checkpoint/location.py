@@ -65,8 +65,9 @@ def locate(directory: PathOrStorage, step: int | None) -> Location:
     """
     if isinstance(directory, str) and is_url(directory):
         parent, _, last = directory.rstrip("/").rpartition("/")
+        parent += "/" if parent.endswith(":/") else ""  # memory://step_1: the parent is memory://
         parsed = parse_entry(last)
-        if parsed is not None and parsed.kind is EntryKind.COMMITTED and "://" in parent:
+        if parsed is not None and parsed.kind is EntryKind.COMMITTED and is_url(parent):
             if step is not None and step != parsed.step:
                 raise InvalidArgumentError(f"{directory} is a single step; do not pass step={step}")
             storage = resolve_storage(parent)

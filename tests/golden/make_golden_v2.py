@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from statekeeper.checkpoint.naming import step_entry
-from statekeeper.format.checksum import Hasher
+from statekeeper.checkpoint.writer import write_shard
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
-from statekeeper.format.safetensors_io import layout, stream
 from statekeeper.format.sharding import Chunk, ShardedRecord, Sharding
 from statekeeper.state.tree import flatten
 from statekeeper.storage.local import LocalStorage
@@ -44,18 +43,6 @@ def expected_state(rank: int = 0) -> dict[str, Any]:
     }
 
 
-def _write(txn: Any, file: str, tensors: dict[str, torch.Tensor]) -> FileRecord:
-    hasher = Hasher()
-
-    def hashed() -> Any:
-        for piece in stream(tensors, layout(tensors)):
-            hasher.update(piece)
-            yield piece
-
-    txn.write_chunks(file, hashed())
-    return FileRecord(hasher.size, hasher.hexdigest())
-
-
 def write_golden(root: Path) -> Path:
     storage = LocalStorage(root)
     main = flatten({k: v for k, v in expected_state().items() if k != "sampler"})
@@ -76,13 +63,13 @@ def write_golden(root: Path) -> Path:
     tensors: dict[str, TensorRecord] = {}
     skeletons = []
     for file, members in chunk_files.items():
-        files[file] = _write(txn, file, members)
+        files[file] = write_shard(txn, file, members)
         for name, t in members.items():
             tensors[name] = TensorRecord(file, str(t.dtype).removeprefix("torch."), tuple(t.shape))
     for rank in (0, 1):
         flat = flatten({"sampler": expected_state(rank)["sampler"]}, root=f"$rank/{rank}")
         file = f"rank-{rank:05d}.safetensors"
-        files[file] = _write(txn, file, flat.tensors)
+        files[file] = write_shard(txn, file, flat.tensors)
         for name, t in flat.tensors.items():
             tensors[name] = TensorRecord(file, "int64", tuple(t.shape))
         skeletons.append(flat.skeleton)

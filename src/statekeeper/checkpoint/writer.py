@@ -20,13 +20,13 @@ from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.format.aliases import Alias, plan_sharing
 from statekeeper.format.checksum import Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
-from statekeeper.format.safetensors_io import layout, stream
+from statekeeper.format.safetensors_io import ShardLayout, layout, stream
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, plan_shards
 from statekeeper.format.values import Json, encode_value
 from statekeeper.state.tree import flatten
-from statekeeper.storage.base import Storage
+from statekeeper.storage.base import FileWriter, Storage
 
-__all__ = ["Prepared", "check_step", "commit", "prepare", "write_step"]
+__all__ = ["Prepared", "check_step", "commit", "prepare", "write_shard", "write_step"]
 
 HASH_IN_THREAD_FROM = 1 << 20  # smaller chunks are hashed inline (0: always in the thread)
 
@@ -90,18 +90,6 @@ def check_step(storage: Storage, step: int, overwrite: bool) -> bool:
     return exists
 
 
-def _counted(
-    chunks: Iterator[bytes | memoryview],
-    progress: Callable[[int, int], None],
-    written: list[int],
-    total: int,
-) -> Iterator[bytes | memoryview]:
-    for chunk in chunks:
-        yield chunk
-        written[0] += memoryview(chunk).nbytes
-        progress(written[0], total)
-
-
 def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[bytes | memoryview]:
     """``chunks``, each hashed in a worker thread while the consumer writes it.
 
@@ -122,6 +110,28 @@ def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[by
                 yield chunk
             finally:
                 hashed.result()
+
+
+def write_shard(
+    files: FileWriter,
+    file: str,
+    tensors: dict[str, torch.Tensor],
+    shard: ShardLayout | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+) -> FileRecord:
+    """Stream ``tensors`` as the safetensors file ``file`` (checksummed while it is written)
+    and return its record; ``on_chunk(nbytes)`` follows the writes."""
+    hasher = Hasher()
+    chunks = _hashed(stream(tensors, shard or layout(tensors)), hasher)
+
+    def counted() -> Iterator[bytes | memoryview]:
+        for chunk in chunks:
+            yield chunk
+            if on_chunk is not None:
+                on_chunk(memoryview(chunk).nbytes)
+
+    files.write_chunks(file, counted() if on_chunk is not None else chunks)
+    return FileRecord(hasher.size, hasher.hexdigest())
 
 
 def commit(
@@ -151,16 +161,18 @@ def commit(
         for members in ({n: prepared.stored[n] for n in shard.names},)
     ]
     total = sum(lay.size for _, _, lay in planned)
-    written = [0]
+    written = 0
+
+    def count(nbytes: int) -> None:
+        nonlocal written
+        written += nbytes
+        if progress is not None:
+            progress(written, total)
+
     txn = storage.begin(entry, replace=exists)
     try:
         for file, members, lay in planned:
-            hasher = Hasher()
-            chunks = _hashed(stream(members, lay), hasher)
-            if progress is not None:
-                chunks = _counted(chunks, progress, written, total)
-            txn.write_chunks(file, chunks)
-            files[file] = FileRecord(hasher.size, hasher.hexdigest())
+            files[file] = write_shard(txn, file, members, lay, count if progress else None)
             for n, t in members.items():
                 tensors[n] = TensorRecord(file, dtype_name(t.dtype), tuple(t.shape))
         manifest = Manifest(

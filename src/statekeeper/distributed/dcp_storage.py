@@ -10,7 +10,6 @@ manifest. Loading rebuilds DCP's metadata from that manifest, so nothing is unpi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +31,8 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from statekeeper.checkpoint.writer import write_shard
 from statekeeper.errors import UnsupportedValueError
-from statekeeper.format.checksum import Hasher
-from statekeeper.format.safetensors_io import layout, stream
 from statekeeper.format.sharding import Chunk, ShardedRecord, dtype_from_name
 from statekeeper.format.tensors import dtype_name
 from statekeeper.storage.base import FileWriter
@@ -59,12 +57,6 @@ class Written:
     dtype: str
     file_size: int
     file_checksum: str
-
-
-def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[bytes | memoryview]:
-    for piece in chunks:
-        hasher.update(piece)
-        yield piece
 
 
 def _done(value: Any) -> Future[Any]:
@@ -111,8 +103,7 @@ class ChunkWriter(StorageWriter):
             placed.append((item.index, name, offsets))
         if not tensors:
             return _done([])
-        hasher = Hasher()
-        self.files.write_chunks(file, _hashed(stream(tensors, layout(tensors)), hasher))
+        record = write_shard(self.files, file, tensors)
         results = [
             WriteResult(
                 index=index,
@@ -123,8 +114,8 @@ class ChunkWriter(StorageWriter):
                     offsets,
                     tuple(tensors[name].shape),
                     dtype_name(tensors[name].dtype),
-                    hasher.size,
-                    hasher.hexdigest(),
+                    record.size,
+                    record.checksum,
                 ),
             )
             for index, name, offsets in placed

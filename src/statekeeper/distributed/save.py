@@ -30,14 +30,12 @@ from statekeeper import __version__
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.save import capture
-from statekeeper.checkpoint.writer import _encode_metrics, check_step
+from statekeeper.checkpoint.writer import _encode_metrics, check_step, write_shard
 from statekeeper.distributed.dcp_storage import ChunkWriter, Written, sharded_records
 from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather
 from statekeeper.distributed.state import capture_distributed, split
 from statekeeper.errors import InvalidArgumentError, RankFailure, StatekeeperError
-from statekeeper.format.checksum import Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
-from statekeeper.format.safetensors_io import layout, stream
 from statekeeper.format.sharding import Sharding
 from statekeeper.format.tensors import dtype_name
 from statekeeper.format.values import Json
@@ -63,18 +61,11 @@ def _write_rank(files: FileWriter, rank: int, per_rank: Mapping[str, Any]) -> _R
         return _RankPart(flat.skeleton, None, None, {})
     file = f"rank-{rank:05d}.safetensors"
     tensors = {n: t.to("cpu").contiguous() for n, t in flat.tensors.items()}
-    hasher = Hasher()
-
-    def hashed() -> Any:
-        for piece in stream(tensors, layout(tensors)):
-            hasher.update(piece)
-            yield piece
-
-    files.write_chunks(file, hashed())
+    record = write_shard(files, file, tensors)
     records = {
         n: TensorRecord(file, dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items()
     }
-    return _RankPart(flat.skeleton, file, FileRecord(hasher.size, hasher.hexdigest()), records)
+    return _RankPart(flat.skeleton, file, record, records)
 
 
 def _manifest(

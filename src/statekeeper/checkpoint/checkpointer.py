@@ -25,6 +25,7 @@ from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_st
 from statekeeper.checkpoint.policies import Retention, SavePolicy
 from statekeeper.checkpoint.save import capture, frozen_names
 from statekeeper.checkpoint.writer import write_step
+from statekeeper.distributed.group import kinds_of
 from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import (
     CorruptCheckpointError,
@@ -45,9 +46,7 @@ _DAMAGED = {CorruptCheckpointError.__name__, UnsupportedFormatError.__name__}
 def _damaged(exc: BaseException) -> bool:
     """Whether a failed load means a damaged step (skip it). In a distributed job every rank
     sees the kinds of every rank's error, so all of them decide alike."""
-    kinds = set(getattr(exc, "rank_kinds", ())) or (
-        set(exc.kinds) if isinstance(exc, RankFailure) else {type(exc).__name__}
-    )
+    kinds = set(kinds_of(exc))
     return bool(kinds) and kinds <= _DAMAGED
 
 

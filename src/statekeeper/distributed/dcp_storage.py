@@ -135,9 +135,10 @@ class ChunkWriter(StorageWriter):
         return None
 
 
-def sharded_records(metadata: Metadata, results: list[list[WriteResult]]) -> dict[str, Any]:
-    """``{fqn: ShardedRecord}`` and ``{file: (size, checksum)}`` and chunk tensors from DCP's
-    global plan and the ranks' write results."""
+def sharded_records(
+    metadata: Metadata, results: list[list[WriteResult]]
+) -> tuple[dict[str, ShardedRecord], list[Written]]:
+    """``{fqn: ShardedRecord}`` from DCP's global plan, and where every chunk was written."""
     written = {r.index: r.storage_data for rs in results for r in rs}
     records: dict[str, ShardedRecord] = {}
     for fqn, meta in metadata.state_dict_metadata.items():
@@ -151,7 +152,7 @@ def sharded_records(metadata: Metadata, results: list[list[WriteResult]]) -> dic
         records[fqn] = ShardedRecord(
             dtype_name(meta.properties.dtype), tuple(int(d) for d in meta.size), tuple(chunks)
         )
-    return {"records": records, "written": list(written.values())}
+    return records, list(written.values())
 
 
 class ManifestReader(StorageReader):

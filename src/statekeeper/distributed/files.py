@@ -10,13 +10,11 @@ from __future__ import annotations
 import torch
 
 from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.reader import _read_file
+from statekeeper.checkpoint.reader import _file_tensors, _read_file
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import rebuild_alias
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.safetensors_io import parse
 from statekeeper.format.sharding import Chunk, ShardedRecord, assemble
-from statekeeper.format.tensors import dtype_name
 
 __all__ = ["VerifiedFiles"]
 
@@ -59,27 +57,17 @@ class VerifiedFiles:
             raise CorruptCheckpointError(
                 self.location.path(MANIFEST), f"tensor {name!r} is not listed in a stored file"
             )
-        loaded = self._files.get(record.file)
-        if loaded is None:
+        if record.file not in self._files:
             data = (
                 self.location.storage.read(self.location.entry, record.file)
                 if self._checked
                 else _read_file(self.location, self.manifest, record.file)
             )
-            try:
-                loaded = parse(data)
-            except ValueError as exc:
-                raise CorruptCheckpointError(
-                    self.location.path(record.file), f"not a valid safetensors file: {exc}"
-                ) from None
-            self._files[record.file] = loaded
-        t = loaded.get(name)
-        if t is None or dtype_name(t.dtype) != record.dtype or tuple(t.shape) != record.shape:
-            raise CorruptCheckpointError(
-                self.location.path(record.file),
-                f"tensor {name!r} is missing or differs from the manifest",
+            names = [n for n, r in self.manifest.tensors.items() if r.file == record.file]
+            self._files[record.file] = _file_tensors(
+                self.location, self.manifest, record.file, data, names
             )
-        return t
+        return self._files[record.file][name]
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A stored tensor's shape, from the manifest (nothing is read)."""

@@ -31,12 +31,12 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.save import capture
 from statekeeper.checkpoint.writer import _encode_metrics, check_step, write_shard
-from statekeeper.distributed.dcp_storage import ChunkWriter, Written, sharded_records
+from statekeeper.distributed.dcp_storage import ChunkWriter, sharded_records
 from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather
 from statekeeper.distributed.state import capture_distributed, split
 from statekeeper.errors import InvalidArgumentError, RankFailure, StatekeeperError
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
-from statekeeper.format.sharding import Sharding
+from statekeeper.format.sharding import ShardedRecord, Sharding
 from statekeeper.format.tensors import dtype_name
 from statekeeper.format.values import Json
 from statekeeper.state.tree import flatten
@@ -77,12 +77,10 @@ def _manifest(
 ) -> Manifest:
     files: dict[str, FileRecord] = {}
     tensors: dict[str, TensorRecord] = {}
-    records: dict[str, Any] = {}
+    records: dict[str, ShardedRecord] = {}
     if writer.metadata is not None:
-        planned = sharded_records(writer.metadata, writer.results)
-        records = planned["records"]
-        w: Written
-        for w in planned["written"]:
+        records, written = sharded_records(writer.metadata, writer.results)
+        for w in written:
             files[w.file] = FileRecord(w.file_size, w.file_checksum)
             tensors[w.tensor] = TensorRecord(w.file, w.dtype, w.shape)
     for part in parts:

@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
+from statekeeper.checkpoint.direct import Pair, copy_pairs, direct_pairs
+from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.location import PathOrStorage, locate, resolve_storage
-from statekeeper.checkpoint.reader import Progress, read_step
+from statekeeper.checkpoint.location import Location, PathOrStorage, locate, resolve_storage
+from statekeeper.checkpoint.reader import PendingStep, Progress, read_step
 from statekeeper.data.torchdata import is_stateful_dataloader, restore_loader
 from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
@@ -119,13 +121,25 @@ def _replace_overlapping(name: str, module: torch.nn.Module, keys: set[str]) -> 
     return replaced
 
 
-def _apply(name: str, obj: Any, value: Any, strict: Strict, values: dict[str, Any]) -> list[str]:
+def _apply(
+    name: str,
+    obj: Any,
+    value: Any,
+    strict: Strict,
+    values: dict[str, Any],
+    pairs: list[Pair] | None = None,
+) -> list[str]:
+    """Load ``value`` into ``obj``; a module with copy ``pairs`` (from ``direct_pairs``) gets
+    them copied instead of a ``load_state_dict`` call."""
     replaced: list[str] = []
     try:
         if isinstance(obj, torch.nn.Module):
             inner = unwrap(obj)
             replaced = _replace_overlapping(name, inner, set(value))
-            inner.load_state_dict(value, strict=strict is Strict.EXACT)
+            if pairs is None:
+                inner.load_state_dict(value, strict=strict is Strict.EXACT)
+            else:
+                copy_pairs(pairs)
         elif is_stateful_dataloader(obj):
             restore_loader(obj, value)
         elif is_stateful(obj):
@@ -178,15 +192,29 @@ def load(
         from statekeeper.distributed.load import load_distributed
 
         return load_distributed(resolve_storage(directory), state, step=step, strict=strict)
-    verified = read_step(locate(directory, step), progress)
-    prepared = dict(verified.state)
-    problems = _check(prepared, state, strict)
-    with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
-    names = parameter_names(state) if with_optimizer else {}
-    for name, obj in state.items():
-        if name in prepared and isinstance(obj, torch.optim.Optimizer):
-            prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
-            problems += mismatches
+    with collector_paused():
+        return _load_local(locate(directory, step), state, strict, progress)
+
+
+def _load_local(
+    location: Location, state: Mapping[str, Any], strict: Strict, progress: Progress | None
+) -> RestoreInfo:
+    with PendingStep(location) as pending:
+        # checks and copy plans only inspect the state: they overlap the checksums
+        prepared = dict(pending.state)
+        problems = _check(prepared, state, strict)
+        with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
+        names = parameter_names(state) if with_optimizer else {}
+        plans: dict[str, list[Pair] | None] = {}
+        for name, obj in state.items():
+            if name not in prepared:
+                continue
+            if isinstance(obj, torch.optim.Optimizer):
+                prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
+                problems += mismatches
+            elif isinstance(obj, torch.nn.Module) and isinstance(prepared[name], Mapping):
+                plans[name] = direct_pairs(unwrap(obj), prepared[name])
+        verified = pending.verify(progress)  # a damaged file is reported before any mismatch
     if problems:
         raise KeyMismatchError(problems)
     values: dict[str, Any] = {}
@@ -194,14 +222,14 @@ def load(
     # RNG last: nothing loaded after it may draw from the generators it restores
     for name in sorted(state, key=lambda n: isinstance(state[n], RNGState)):
         if name in prepared:
-            replaced += _apply(name, state[name], prepared[name], strict, values)
+            replaced += _apply(name, state[name], prepared[name], strict, values, plans.get(name))
     if replaced:
         warnings.warn(
             f"statekeeper: {len(replaced)} live tensor(s) overlapped themselves in memory (built "
             "with expand/meshgrid) and were given their own memory to load into: "
             + ", ".join(replaced),
             StatekeeperWarning,
-            stacklevel=2,
+            stacklevel=3,  # the caller of load()
         )
     return RestoreInfo(verified.manifest.step, verified.location.path(), values, tuple(replaced))
 
@@ -219,4 +247,5 @@ def read(
     foreign = foreign_format(directory)
     if foreign is not None:
         return read_foreign(*foreign, step=step, progress=progress)
-    return read_step(locate(directory, step), progress).state
+    with collector_paused():
+        return read_step(locate(directory, step), progress).state

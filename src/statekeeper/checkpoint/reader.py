@@ -19,7 +19,7 @@ from statekeeper.format.sharding import assemble
 from statekeeper.format.tensors import SUPPORTED_DTYPES, dtype_name
 from statekeeper.state.tree import unflatten
 
-__all__ = ["Progress", "VerifiedStep", "read_manifest", "read_step"]
+__all__ = ["PendingStep", "Progress", "VerifiedStep", "read_manifest", "read_step"]
 
 Progress = Callable[[int, int], None]
 """Called as ``progress(done_bytes, total_bytes)`` while files are read."""
@@ -208,6 +208,51 @@ def _decode(
     return state
 
 
+class PendingStep:
+    """A step whose state is decoded while its checksums are still being computed.
+
+    Use it as a context manager; nothing of ``state`` may reach a live object before
+    ``verify()`` has returned. The time between is for work that only inspects the state
+    (key, shape and dtype checks; planning the copies), so that it overlaps the hashing.
+    """
+
+    def __init__(self, location: Location, rank: int = 0) -> None:
+        manifest = read_manifest(location)
+        if location.step >= 0 and manifest.step != location.step:
+            raise CorruptCheckpointError(
+                location.path(MANIFEST),
+                f"manifest is for step {manifest.step}, not {location.step}",
+            )
+        self.location, self.manifest = location, manifest
+        self._verifier = _Verifier(location, manifest)
+        try:
+            tensors = _load_tensors(location, manifest, self._verifier)
+            self.state = _decode(location, manifest, tensors, rank)
+        except CorruptCheckpointError:
+            try:
+                self._verifier.check()  # a bad checksum of a file read so far is reported first
+            finally:
+                self._verifier.close()
+            raise
+        except BaseException:
+            self._verifier.close()
+            raise
+
+    def verify(self, progress: Progress | None = None) -> VerifiedStep:
+        """Wait for every checksum; raise ``CorruptCheckpointError`` for the first bad file."""
+        try:
+            self._verifier.check(progress)
+        finally:
+            self._verifier.close()
+        return VerifiedStep(self.location, self.manifest, self.state)
+
+    def __enter__(self) -> PendingStep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._verifier.close()
+
+
 def read_step(location: Location, progress: Progress | None = None, rank: int = 0) -> VerifiedStep:
     """Read, verify and decode one committed step; raises only statekeeper errors.
 
@@ -217,20 +262,5 @@ def read_step(location: Location, progress: Progress | None = None, rank: int = 
     Files are decoded while their checksums are computed, but nothing is returned (and no
     error other than the first bad checksum is raised) before every checksum has passed.
     """
-    manifest = read_manifest(location)
-    if location.step >= 0 and manifest.step != location.step:
-        raise CorruptCheckpointError(
-            location.path(MANIFEST), f"manifest is for step {manifest.step}, not {location.step}"
-        )
-    verifier = _Verifier(location, manifest)
-    try:
-        try:
-            tensors = _load_tensors(location, manifest, verifier)
-            state = _decode(location, manifest, tensors, rank)
-        except CorruptCheckpointError:
-            verifier.check()  # a bad checksum of a file read so far is reported first
-            raise
-        verifier.check(progress)
-    finally:
-        verifier.close()
-    return VerifiedStep(location, manifest, state)
+    with PendingStep(location, rank) as pending:
+        return pending.verify(progress)

@@ -1,0 +1,199 @@
+"""Copying verified tensors straight into a live module: ``load_state_dict`` without its
+per-tensor Python loop, and onto CUDA through pinned host memory.
+
+``nn.Module.load_state_dict`` visits every module and calls ``param.copy_(saved)`` once per
+tensor under ``no_grad``: about 5 us of Python per tensor, and a pageable (slow, blocking)
+host-to-device copy for CUDA parameters. Where the outcome is provably the same, statekeeper
+copies every tensor in one fused ``torch._foreach_copy_`` instead (``bench/io.py``'s warm
+load of 3,304 tensors: see docs/format.md, "Reading a step").
+
+The fast path is taken only when the module tree would be loaded by torch's own default
+code and nothing else could observe the difference:
+
+- every module's class keeps ``nn.Module``'s ``_load_from_state_dict`` (or BatchNorm's or
+  InstanceNorm's, which differ only for checkpoints older than torch 0.4) and the top one
+  its ``load_state_dict``, no module has load-state-dict hooks or extra state, and torch is
+  not set to swap tensors on load (``torch.__future__.set_swap_module_params_on_conversion``);
+- the saved keys are exactly the persistent parameters and buffers that default loading
+  visits (no extra state, nothing missing or unexpected);
+- every live tensor is a plain ``Tensor``/``Parameter`` (no subclass, no lazy or meta
+  tensor) of the saved shape and dtype, and every saved value is a CPU tensor.
+
+Anything else goes through ``load_state_dict`` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["STAGING_BYTES", "Pair", "copy_pairs", "direct_pairs"]
+
+STAGING_BYTES = 64 << 20
+"""Size of each of the two pinned host buffers that carry CUDA-bound values."""
+
+Pair = tuple[torch.Tensor, torch.Tensor]  # (live destination, saved source)
+
+# torch's own overrides that only add or drop keys of checkpoints older than torch 0.4 and
+# then defer to nn.Module's: with the saved keys exactly the live ones, they load the same
+_DEFAULT_LOADS = frozenset(
+    {
+        nn.Module._load_from_state_dict,
+        nn.modules.batchnorm._NormBase._load_from_state_dict,
+        nn.modules.instancenorm._InstanceNorm._load_from_state_dict,
+    }
+)
+_DEFAULT_TOP = nn.Module.load_state_dict
+_PLAIN = (torch.Tensor, nn.Parameter)
+_ALIGN = 64
+
+
+def _default_loading(module: nn.Module) -> bool:
+    return (
+        type(module)._load_from_state_dict in _DEFAULT_LOADS
+        and not module._load_state_dict_pre_hooks
+        and not module._load_state_dict_post_hooks
+        and type(module).get_extra_state is nn.Module.get_extra_state
+    )
+
+
+def _live(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.Tensor] | None]:
+    """What default loading copies into, key by key; ``None`` where it would do more."""
+    if not _default_loading(module):
+        yield None
+        return
+    for name, p in module._parameters.items():
+        if p is not None:
+            yield prefix + name, p
+    for name, b in module._buffers.items():
+        if b is not None and name not in module._non_persistent_buffers_set:
+            yield prefix + name, b
+    for name, child in module._modules.items():
+        if child is not None:
+            yield from _live(child, f"{prefix}{name}.")
+
+
+def _plain(t: torch.Tensor) -> bool:
+    return type(t) in _PLAIN and not t.is_meta and not isinstance(t, nn.UninitializedParameter)
+
+
+def direct_pairs(module: nn.Module, saved: Mapping[str, Any]) -> list[Pair] | None:
+    """(live, saved) tensor pairs for one fused copy, or ``None`` where ``load_state_dict``
+    must run (see the module docstring). Tied tensors are copied once, from the last key
+    that names them, as the repeated ``copy_`` of default loading leaves them."""
+    if type(module).load_state_dict is not _DEFAULT_TOP:
+        return None
+    if torch.__future__.get_swap_module_params_on_conversion():
+        return None
+    by_tensor: dict[int, Pair] = {}
+    seen = 0
+    for item in _live(module):
+        if item is None:
+            return None
+        key, live = item
+        value = saved.get(key)
+        if (
+            type(value) is not torch.Tensor
+            or value.device.type != "cpu"
+            or not _plain(live)
+            or value.shape != live.shape
+            or value.dtype != live.dtype
+        ):
+            return None
+        seen += 1
+        by_tensor.pop(id(live), None)  # re-insert: the last key's value is copied, in order
+        by_tensor[id(live)] = (live, value)
+    if seen != len(saved):  # keys default loading would not visit: let it report them
+        return None
+    return list(by_tensor.values())
+
+
+def copy_pairs(pairs: list[Pair], staging_bytes: int = STAGING_BYTES) -> None:
+    """Copy every saved value into its live tensor: CPU ones in one fused call, others
+    through two reused pinned buffers (see ``_Staging``)."""
+    on_cpu = [(d, s) for d, s in pairs if d.device.type == "cpu"]
+    with torch.no_grad():
+        if on_cpu:
+            torch._foreach_copy_([d.detach() for d, _ in on_cpu], [s for _, s in on_cpu])
+        by_device: dict[torch.device, list[Pair]] = {}
+        for d, s in pairs:
+            if d.device.type != "cpu":
+                by_device.setdefault(d.device, []).append((d, s))
+        for device, group in by_device.items():
+            _Staging(device, staging_bytes).copy(group)
+
+
+class _Staging:
+    """Host-to-device copies through two pinned buffers used in turn.
+
+    Saved values are packed into one buffer (a CPU copy) while the device copies the other
+    one's contents asynchronously; a buffer is refilled only after the device has finished
+    reading it (an event per buffer). Values larger than a buffer go in flat pieces when the
+    destination is contiguous; a large non-contiguous destination is copied directly.
+    Without CUDA (tests) the buffers are ordinary memory and every copy is synchronous.
+    """
+
+    def __init__(self, device: torch.device, size: int) -> None:
+        self.device = device
+        self.size = max(-size % _ALIGN + size, _ALIGN)  # holds an element of any dtype
+        cuda = device.type == "cuda"
+        self.buffers = [torch.empty(self.size, dtype=torch.uint8, pin_memory=cuda) for _ in "ab"]
+        self.events: list[Any] = [None, None]
+        self.current = 0
+        self.fill = 0
+        self.pending: list[tuple[torch.Tensor, int, int, torch.Tensor]] = []
+
+    def copy(self, pairs: list[Pair]) -> None:
+        for live, value in pairs:
+            dst = live.detach()
+            nbytes = value.numel() * value.element_size()
+            if nbytes <= self.size:
+                self._stage(dst, value)
+            elif dst.is_contiguous():
+                flat_dst, flat_src = dst.view(-1), value.contiguous().view(-1)
+                step = max(self.size // value.element_size(), 1)
+                for start in range(0, flat_src.numel(), step):
+                    self._stage(flat_dst[start : start + step], flat_src[start : start + step])
+            else:
+                self._flush()
+                dst.copy_(value)
+        self._flush()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _stage(self, dst: torch.Tensor, value: torch.Tensor) -> None:
+        nbytes = value.numel() * value.element_size()
+        if nbytes == 0:
+            return
+        start = -self.fill % _ALIGN + self.fill  # every dtype view of the buffer is aligned
+        if start + nbytes > self.size:
+            self._flush()
+            start = 0
+        self.buffers[self.current][start : start + nbytes].view(value.dtype).view(
+            value.shape
+        ).copy_(value)
+        self.pending.append((dst, start, nbytes, value))
+        self.fill = start + nbytes
+
+    def _flush(self) -> None:
+        """Send the current buffer's values to the device and switch to the other buffer."""
+        if not self.pending:
+            return
+        buffer = self.buffers[self.current]
+        for dst, start, nbytes, value in self.pending:
+            staged = buffer[start : start + nbytes].view(value.dtype).view(value.shape)
+            dst.copy_(staged, non_blocking=self.device.type == "cuda")
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(torch.cuda.current_stream(self.device))
+            self.events[self.current] = event
+        self.pending = []
+        self.fill = 0
+        self.current = 1 - self.current
+        waiting = self.events[self.current]
+        if waiting is not None:  # the device may still be reading the buffer we refill next
+            waiting.synchronize()
+            self.events[self.current] = None

@@ -1,0 +1,269 @@
+"""The direct copy into live modules: same outcome as ``load_state_dict``, taken only where
+that is provable, and the pinned-staging copier's chunking (run here on CPU buffers)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import statekeeper as sk
+from statekeeper.checkpoint import direct
+from statekeeper.checkpoint.direct import _Staging, copy_pairs, direct_pairs
+from statekeeper.checkpoint.gc_pause import collector_paused
+from statekeeper.checkpoint.location import locate
+from statekeeper.checkpoint.reader import PendingStep
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 6)
+        self.body = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.LayerNorm(6))
+        self.head = nn.Linear(6, 11, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.tensor(2.0))
+        self.register_buffer("cache", torch.zeros(3), persistent=False)
+        self.t = nn.Parameter(torch.randn(5, 4).t())  # a non-contiguous live parameter
+        self.norm = nn.InstanceNorm1d(6, affine=True, track_running_stats=True)
+
+
+def _randomize(module: nn.Module, seed: int) -> nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=gen))
+            else:
+                t.fill_(seed)
+    return module
+
+
+def _saved_state(tmp_path: Path, module: nn.Module) -> dict[str, Any]:
+    sk.save(tmp_path, {"model": module}, step=1)
+    state: dict[str, Any] = sk.read(tmp_path)["model"]
+    return state
+
+
+def test_direct_copy_equals_load_state_dict(tmp_path: Path) -> None:
+    source = _randomize(Tied(), 1)
+    saved = _saved_state(tmp_path, source)
+    by_torch, by_us = _randomize(Tied(), 2), _randomize(Tied(), 2)
+    cache = by_us.cache.clone()
+    by_torch.load_state_dict(saved)
+    pairs = direct_pairs(by_us, saved)
+    assert pairs is not None, "BatchNorm/InstanceNorm/LayerNorm models take the fast path"
+    assert len(pairs) == len(saved) - 1  # the tied weight is copied once
+    copy_pairs(pairs)
+    for (key, a), b in zip(by_torch.state_dict().items(), by_us.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key
+        assert torch.equal(a, source.state_dict()[key]), key
+    assert by_us.head.weight is by_us.embed.weight
+    assert not by_us.t.is_contiguous() and torch.equal(by_us.t, source.t)
+    assert torch.equal(by_us.cache, cache)  # non-persistent: untouched
+
+
+def test_load_takes_the_direct_path_and_keeps_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _randomize(Tied(), 3)
+    sk.save(tmp_path, {"model": source}, step=1)
+    live = _randomize(Tied(), 4)
+    before = {n: p for n, p in live.named_parameters()}
+    pointers = {n: p.data_ptr() for n, p in before.items()}
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("load_state_dict was called on a default module tree")
+
+    monkeypatch.setattr(Tied, "load_state_dict", refuse, raising=False)
+    monkeypatch.setattr(direct, "_DEFAULT_TOP", Tied.load_state_dict)  # still "default"
+    sk.load(tmp_path, {"model": live})
+    for name, p in live.named_parameters():
+        assert p is before[name] and p.data_ptr() == pointers[name], name
+        assert torch.equal(p, source.get_parameter(name)), name
+
+
+class CustomLoad(nn.Linear):
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        state_dict[prefix + "weight"] = state_dict[prefix + "weight"] * 0 + 7
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+class WithExtra(nn.Linear):
+    def get_extra_state(self) -> Any:
+        return {"tag": 1}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.tag = state["tag"]
+
+
+class OwnTop(nn.Linear):
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        self.loaded_by_own_method = True
+        return super().load_state_dict(*args, **kwargs)
+
+
+def _pre_hooked() -> nn.Module:
+    m = nn.Sequential(nn.Linear(3, 3))
+    m[0].register_load_state_dict_pre_hook(lambda *a, **k: None)
+    return m
+
+
+def _post_hooked() -> nn.Module:
+    m = nn.Sequential(nn.Linear(3, 3))
+    m.register_load_state_dict_post_hook(lambda *a, **k: None)
+    return m
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: nn.Sequential(CustomLoad(3, 3)),
+        lambda: nn.Sequential(WithExtra(3, 3)),
+        lambda: OwnTop(3, 3),
+        _pre_hooked,
+        _post_hooked,
+    ],
+    ids=["custom _load_from_state_dict", "extra state", "own load_state_dict", "pre", "post"],
+)
+def test_modules_with_their_own_loading_go_through_load_state_dict(
+    tmp_path: Path, make: Callable[[], nn.Module]
+) -> None:
+    saved = _saved_state(tmp_path, make())
+    live = make()
+    assert direct_pairs(live, saved) is None
+    sk.load(tmp_path, {"model": live})  # and load gives what torch's own loading gives
+    expected = make()
+    expected.load_state_dict(saved)
+    for key, value in expected.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(live.state_dict()[key], value), key
+
+
+def test_custom_loading_still_runs_through_load(tmp_path: Path) -> None:
+    sk.save(tmp_path, {"model": nn.Sequential(CustomLoad(3, 3))}, step=1)
+    live = nn.Sequential(CustomLoad(3, 3))
+    sk.load(tmp_path, {"model": live})
+    assert torch.all(live[0].weight == 7)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["extra key", "missing key", "dtype", "shape", "not a tensor", "swap", "lazy"],
+)
+def test_anything_unusual_falls_back(change: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    live: nn.Module = nn.Sequential(nn.Linear(3, 2))
+    saved: dict[str, Any] = {k: v.clone() for k, v in live.state_dict().items()}
+    assert direct_pairs(live, saved) is not None
+    if change == "extra key":
+        saved["1.weight"] = torch.zeros(1)
+    elif change == "missing key":
+        del saved["0.bias"]
+    elif change == "dtype":
+        saved["0.bias"] = saved["0.bias"].double()
+    elif change == "shape":
+        saved["0.bias"] = torch.zeros(3)
+    elif change == "not a tensor":
+        saved["0.bias"] = [0.0, 0.0]
+    elif change == "swap":
+        monkeypatch.setattr(torch.__future__, "get_swap_module_params_on_conversion", lambda: True)
+    elif change == "lazy":
+        live = nn.Sequential(nn.LazyLinear(2))
+    assert direct_pairs(live, saved) is None
+
+
+@pytest.mark.parametrize("size", [1, 24, 64, 100, 4096])
+def test_staging_copies_every_value_whatever_the_buffer_size(size: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    sources = [
+        torch.randn(7, generator=gen).to(torch.bfloat16),  # odd byte counts: alignment
+        torch.randn(3, 5, generator=gen, dtype=torch.float64),
+        torch.randint(0, 100, (33,), generator=gen),
+        torch.randn(0),
+        torch.randn(200, generator=gen),  # larger than most buffers: sent in pieces
+        torch.randn(40, 30, generator=gen),
+    ]
+    dests = [torch.zeros_like(s) for s in sources]
+    dests[-1] = torch.zeros(30, 40).t()  # large and non-contiguous: copied directly
+    stage = _Staging(torch.device("cpu"), size)
+    stage.copy(list(zip(dests, sources, strict=True)))
+    for i, (d, s) in enumerate(zip(dests, sources, strict=True)):
+        assert torch.equal(d, s), i
+    assert all(b.numel() == stage.size >= size for b in stage.buffers)  # reused, never grown
+
+
+def test_damaged_file_is_reported_before_any_key_mismatch(tmp_path: Path) -> None:
+    sk.save(tmp_path, {"model": nn.Linear(4, 4)}, step=1)
+    shard = next((tmp_path / "step_000000001").glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    live = nn.Linear(4, 5)  # a shape mismatch too
+    before = live.weight.detach().clone()
+    with pytest.raises(sk.CorruptCheckpointError, match="checksum"):
+        sk.load(tmp_path, {"model": live})
+    assert torch.equal(live.weight, before)
+
+
+def test_pending_step_releases_its_worker_on_error(tmp_path: Path) -> None:
+    sk.save(tmp_path, {"t": torch.zeros(1 << 21)}, step=1)  # large enough for the thread
+    threads = threading.active_count()
+    with pytest.raises(RuntimeError, match="stop"), PendingStep(locate(tmp_path, None)):
+        raise RuntimeError("stop")
+    assert threading.active_count() == threads
+
+
+@pytest.fixture
+def collector_on() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+def test_collector_is_paused_during_load_and_restored(
+    tmp_path: Path, collector_on: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[bool] = []
+    model = nn.Linear(3, 3)
+    sk.save(tmp_path, {"model": model}, step=1)
+    original = direct.copy_pairs
+
+    def spy(pairs: list[direct.Pair]) -> None:
+        seen.append(gc.isenabled())
+        original(pairs)
+
+    monkeypatch.setattr("statekeeper.checkpoint.load.copy_pairs", spy)
+    sk.load(tmp_path, {"model": model})
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(sk.KeyMismatchError):
+        sk.load(tmp_path, {"model": nn.Linear(3, 4)})
+    assert gc.isenabled()
+    gc.disable()
+    sk.load(tmp_path, {"model": model})
+    assert not gc.isenabled()  # left as the caller had it
+
+
+def test_collector_pause_nests_across_threads(collector_on: None) -> None:
+    inner_entered, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with collector_paused():
+            inner_entered.set()
+            release.wait(10)
+
+    with collector_paused():
+        worker = threading.Thread(target=other)
+        worker.start()
+        inner_entered.wait(10)
+    assert not gc.isenabled()  # the other thread is still inside
+    release.set()
+    worker.join()
+    assert gc.isenabled()

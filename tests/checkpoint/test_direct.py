@@ -155,7 +155,7 @@ def test_custom_loading_still_runs_through_load(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    ["extra key", "missing key", "dtype", "shape", "not a tensor", "swap", "lazy"],
+    ["extra key", "missing key", "dtype", "shape", "not a tensor", "swap", "lazy", "sd hook"],
 )
 def test_anything_unusual_falls_back(change: str, monkeypatch: pytest.MonkeyPatch) -> None:
     live: nn.Module = nn.Sequential(nn.Linear(3, 2))
@@ -175,6 +175,8 @@ def test_anything_unusual_falls_back(change: str, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(torch.__future__, "get_swap_module_params_on_conversion", lambda: True)
     elif change == "lazy":
         live = nn.Sequential(nn.LazyLinear(2))
+    elif change == "sd hook":  # state_dict() keys may differ from what loading visits
+        live[0].register_state_dict_pre_hook(lambda *a, **k: None)
     assert direct_pairs(live, saved) is None
 
 
@@ -267,3 +269,44 @@ def test_collector_pause_nests_across_threads(collector_on: None) -> None:
     release.set()
     worker.join()
     assert gc.isenabled()
+
+
+class _Scale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _parametrized() -> nn.Module:
+    from torch.nn.utils import parametrize
+
+    m = nn.Linear(4, 4)
+    parametrize.register_parametrization(m, "weight", _Scale())
+    return m
+
+
+@pytest.mark.parametrize(
+    ("make", "direct_expected"),
+    [
+        (lambda: nn.LSTM(4, 5, num_layers=2), True),
+        (lambda: nn.MultiheadAttention(8, 2), True),
+        (lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16), True),
+        (lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.GroupNorm(2, 4)), True),
+        (_parametrized, True),
+        (lambda: nn.utils.spectral_norm(nn.Linear(4, 4)), False),  # load pre-hook
+    ],
+    ids=["lstm", "mha", "transformer", "conv-bn", "parametrized", "spectral-norm"],
+)
+def test_common_modules_load_as_torch_loads_them(
+    tmp_path: Path, make: Callable[[], nn.Module], direct_expected: bool
+) -> None:
+    torch.manual_seed(0)
+    source = _randomize(make(), 5)
+    saved = _saved_state(tmp_path, source)
+    torch.manual_seed(1)
+    live, reference = make(), make()
+    assert (direct_pairs(live, saved) is not None) is direct_expected
+    sk.load(tmp_path, {"model": live})
+    reference.load_state_dict(saved)
+    assert live.state_dict().keys() == reference.state_dict().keys()
+    for key, value in reference.state_dict().items():
+        assert torch.equal(live.state_dict()[key], value), key

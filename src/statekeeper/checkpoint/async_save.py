@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
 from statekeeper.checkpoint.writer import Prepared, check_step, commit, prepare
@@ -93,7 +94,8 @@ class AsyncWriter:
     ) -> Prepared:
         """:func:`~statekeeper.checkpoint.writer.prepare` with this writer's plan cache: a
         state saved again with the same structure skips most of the per-tensor work."""
-        return prepare(captured, metrics, self._plans)
+        with collector_paused():
+            return prepare(captured, metrics, self._plans)
 
     def _views(self, prepared: Prepared) -> _Staged:
         """Views of the staging buffer shaped like the stored tensors; kept while the layout
@@ -153,7 +155,8 @@ class AsyncWriter:
         """Stage ``prepared`` and write it in the background (see the module docstring)."""
         self.wait()
         check_step(storage, step, bool(options.get("overwrite", False)))
-        snapshot = replace(prepared, stored=self._stage(prepared))
+        with collector_paused():
+            snapshot = replace(prepared, stored=self._stage(prepared))
         stack = ExitStack()
         if lock is not None:
             stack.enter_context(lock)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping
 from enum import StrEnum
 from typing import Any
 
@@ -68,7 +68,14 @@ def _check_tensor(where: str, saved: Any, live: Any, problems: list[str]) -> Non
         )
 
 
-def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> list[str]:
+def _check(
+    saved: dict[str, Any],
+    state: Mapping[str, Any],
+    strict: Strict,
+    planned: Collection[str] = (),
+) -> list[str]:
+    """Every key, shape and dtype mismatch; modules in ``planned`` (whose direct copy plan
+    already matched every key, shape and dtype) are not compared again."""
     problems: list[str] = []
     if not strict.missing_ok:
         problems += [f"{n}: missing from the checkpoint" for n in state if n not in saved]
@@ -77,7 +84,7 @@ def _check(saved: dict[str, Any], state: Mapping[str, Any], strict: Strict) -> l
             f"{n}: in the checkpoint but not in the live state" for n in saved if n not in state
         ]
     for name, obj in state.items():
-        if name not in saved:
+        if name not in saved or name in planned:
             continue
         if isinstance(obj, torch.nn.Module):
             live_sd = unwrap(obj).state_dict()
@@ -202,18 +209,20 @@ def _load_local(
     with PendingStep(location) as pending:
         # checks and copy plans only inspect the state: they overlap the checksums
         prepared = dict(pending.state)
-        problems = _check(prepared, state, strict)
+        plans = {
+            name: pairs
+            for name, obj in state.items()
+            if isinstance(obj, torch.nn.Module)
+            and isinstance(prepared.get(name), Mapping)
+            and (pairs := direct_pairs(unwrap(obj), prepared[name])) is not None
+        }
+        problems = _check(prepared, state, strict, planned=plans.keys())
         with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
         names = parameter_names(state) if with_optimizer else {}
-        plans: dict[str, list[Pair] | None] = {}
         for name, obj in state.items():
-            if name not in prepared:
-                continue
-            if isinstance(obj, torch.optim.Optimizer):
+            if name in prepared and isinstance(obj, torch.optim.Optimizer):
                 prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
                 problems += mismatches
-            elif isinstance(obj, torch.nn.Module) and isinstance(prepared[name], Mapping):
-                plans[name] = direct_pairs(unwrap(obj), prepared[name])
         verified = pending.verify(progress)  # a damaged file is reported before any mismatch
     if problems:
         raise KeyMismatchError(problems)

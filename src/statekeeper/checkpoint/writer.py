@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from statekeeper import __version__
+from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import committed, validate_step
 from statekeeper.checkpoint.naming import step_entry
@@ -209,4 +210,5 @@ def write_step(
     which override the provenance fields (golden-file tests pin them).
     """
     validate_step(step)
-    return commit(storage, prepare(captured, metrics), step=step, **options)
+    with collector_paused():
+        return commit(storage, prepare(captured, metrics), step=step, **options)

@@ -118,9 +118,7 @@ class Manifest:
                     for n, r in body["files"].items()
                 },
                 tensors={
-                    n: TensorRecord(
-                        str(r["file"]), str(r["dtype"]), tuple(_int(d) for d in r["shape"])
-                    )
+                    n: TensorRecord(str(r["file"]), str(r["dtype"]), _shape(r["shape"]))
                     for n, r in body["tensors"].items()
                 },
                 aliases={
@@ -173,6 +171,13 @@ def _dump(body: dict[str, Any]) -> str:
         else:
             lines.append(f"{_compact(key)}:{_compact(value)}")
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def _shape(value: object) -> tuple[int, ...]:
+    """A list of ints as a tuple (one C-level check, not an ``_int`` call per dimension)."""
+    if type(value) is not list or not all(type(d) is int for d in value):
+        raise ValueError(f"expected a list of integers, found {value!r}")
+    return tuple(value)
 
 
 def _int(value: object) -> int:

@@ -202,12 +202,19 @@ def _decode_items(body: Json, path: str, on_ref: RefHook) -> list[tuple[Any, Any
     )
     items = []
     for k_enc, v_enc in body:
-        key = decode_value(k_enc, path, on_ref)
-        try:
-            hash(key)
-        except TypeError:
-            raise ValueError(f"{path or '<root>'}: unhashable dict key {key!r}") from None
-        items.append((key, decode_value(v_enc, join_path(path, key), on_ref)))
+        if type(k_enc) is str:  # the common case, decoded inline: a module's state_dict
+            key: Any = k_enc
+        else:
+            key = decode_value(k_enc, path, on_ref)
+            try:
+                hash(key)
+            except TypeError:
+                raise ValueError(f"{path or '<root>'}: unhashable dict key {key!r}") from None
+        ref = v_enc.get("$tensor") if type(v_enc) is dict and len(v_enc) == 1 else None
+        if type(ref) is str:  # a tensor reference, as decode_value would resolve it
+            items.append((key, on_ref("$tensor", ref)))
+        else:
+            items.append((key, decode_value(v_enc, join_path(path, key), on_ref)))
     return items
 
 

@@ -9,6 +9,7 @@ between the processes of one job; nothing read from a checkpoint is ever unpickl
 
 from __future__ import annotations
 
+import atexit
 from contextlib import suppress
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,12 @@ __all__ = [
 
 CHECKPOINT_TIMEOUT = timedelta(minutes=30)
 _groups: dict[int, dist.ProcessGroup] = {}
+# Drop this module's reference while the interpreter is still whole: otherwise, after the
+# user's destroy_process_group(), the group's C++ object (and gloo's threads) would be torn
+# down during interpreter finalization, where gloo can abort the process. A rank of
+# examples/distributed.py once exited so ("terminate called without an active exception") in
+# a loaded test run; this reference is the suspected cause, not a proven one.
+atexit.register(_groups.clear)
 
 
 def checkpoint_group() -> dist.ProcessGroup:

@@ -310,3 +310,23 @@ def test_common_modules_load_as_torch_loads_them(
     assert live.state_dict().keys() == reference.state_dict().keys()
     for key, value in reference.state_dict().items():
         assert torch.equal(live.state_dict()[key], value), key
+
+
+def test_damaged_file_is_reported_before_a_planning_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sk.save(tmp_path, {"model": nn.Linear(4, 4)}, step=1)
+    shard = next((tmp_path / "step_000000001").glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("planning failed")
+
+    monkeypatch.setattr("statekeeper.checkpoint.load.direct_pairs", broken)
+    with pytest.raises(sk.CorruptCheckpointError, match="checksum"):
+        sk.load(tmp_path, {"model": nn.Linear(4, 4)})
+    shard.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))  # intact again
+    with pytest.raises(RuntimeError, match="planning failed"):
+        sk.load(tmp_path, {"model": nn.Linear(4, 4)})

@@ -203,27 +203,38 @@ def load(
         return _load_local(locate(directory, step), state, strict, progress)
 
 
+def _plan(
+    prepared: dict[str, Any], state: Mapping[str, Any], strict: Strict
+) -> tuple[dict[str, Any], dict[str, list[Pair]], list[str]]:
+    """The state to load (optimizer state made positional), the direct copy plan of each
+    module that has one, and every mismatch."""
+    plans = {
+        name: pairs
+        for name, obj in state.items()
+        if isinstance(obj, torch.nn.Module)
+        and isinstance(prepared.get(name), Mapping)
+        and (pairs := direct_pairs(unwrap(obj), prepared[name])) is not None
+    }
+    problems = _check(prepared, state, strict, planned=plans.keys())
+    with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
+    names = parameter_names(state) if with_optimizer else {}
+    for name, obj in state.items():
+        if name in prepared and isinstance(obj, torch.optim.Optimizer):
+            prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
+            problems += mismatches
+    return prepared, plans, problems
+
+
 def _load_local(
     location: Location, state: Mapping[str, Any], strict: Strict, progress: Progress | None
 ) -> RestoreInfo:
     with PendingStep(location) as pending:
-        # checks and copy plans only inspect the state: they overlap the checksums
-        prepared = dict(pending.state)
-        plans = {
-            name: pairs
-            for name, obj in state.items()
-            if isinstance(obj, torch.nn.Module)
-            and isinstance(prepared.get(name), Mapping)
-            and (pairs := direct_pairs(unwrap(obj), prepared[name])) is not None
-        }
-        problems = _check(prepared, state, strict, planned=plans.keys())
-        with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
-        names = parameter_names(state) if with_optimizer else {}
-        for name, obj in state.items():
-            if name in prepared and isinstance(obj, torch.optim.Optimizer):
-                prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
-                problems += mismatches
-        verified = pending.verify(progress)  # a damaged file is reported before any mismatch
+        try:  # checks and copy plans only inspect the state: they overlap the checksums
+            prepared, plans, problems = _plan(dict(pending.state), state, strict)
+        except BaseException:
+            pending.verify()  # a damaged file is reported before anything else
+            raise
+        verified = pending.verify(progress)  # ... and before any mismatch
     if problems:
         raise KeyMismatchError(problems)
     values: dict[str, Any] = {}

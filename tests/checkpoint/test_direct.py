@@ -330,3 +330,99 @@ def test_damaged_file_is_reported_before_a_planning_error(
     shard.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))  # intact again
     with pytest.raises(RuntimeError, match="planning failed"):
         sk.load(tmp_path, {"model": nn.Linear(4, 4)})
+
+
+class KeepsCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(2))
+        self.register_buffer("cache", torch.zeros(2))
+
+
+class DropsCache(KeepsCache):
+    """A child whose state_dict() leaves out a buffer that loading would visit."""
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().state_dict(*args, **kwargs)
+        out.pop(kwargs.get("prefix", "") + "cache", None)
+        return out
+
+
+class OnlySetsExtra(nn.Linear):
+    def set_extra_state(self, state: Any) -> None:
+        self.extra = state
+
+
+def _instance_patched() -> nn.Module:
+    m = nn.Sequential(nn.Linear(2, 2))
+    original = m[0]._load_from_state_dict
+
+    def doubled(state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        original(state_dict, prefix, *args)
+        with torch.no_grad():
+            m[0].weight.mul_(2)
+
+    m[0]._load_from_state_dict = doubled  # type: ignore[method-assign]
+    return m
+
+
+def _saved_and_live(tmp_path: Path, make: Callable[[], nn.Module]) -> tuple[Any, nn.Module]:
+    sk.save(tmp_path, {"model": make()}, step=1)
+    saved, live = sk.read(tmp_path)["model"], make()
+    assert direct_pairs(live, saved) is None
+    return saved, live
+
+
+def test_a_loading_method_set_on_an_instance_runs(tmp_path: Path) -> None:
+    saved, live = _saved_and_live(tmp_path, _instance_patched)
+    reference = _instance_patched()
+    reference.load_state_dict(saved)
+    sk.load(tmp_path, {"model": live})
+    assert torch.equal(live[0].weight, reference[0].weight)
+    assert torch.equal(live[0].weight, saved["0.weight"] * 2)
+
+
+def test_a_child_state_dict_override_keeps_the_key_check(tmp_path: Path) -> None:
+    sk.save(tmp_path, {"model": nn.Sequential(KeepsCache())}, step=1)  # holds 0.cache
+    live = nn.Sequential(DropsCache())  # whose state_dict() does not list it
+    assert direct_pairs(live, sk.read(tmp_path)["model"]) is None
+    with pytest.raises(sk.KeyMismatchError, match=r"0\.cache: unexpected"):
+        sk.load(tmp_path, {"model": live})
+
+
+def test_set_extra_state_alone_is_left_to_torch(tmp_path: Path) -> None:
+    saved, live = _saved_and_live(tmp_path, lambda: OnlySetsExtra(2, 2))
+    with pytest.raises(RuntimeError, match="_extra_state"):
+        OnlySetsExtra(2, 2).load_state_dict(saved)
+    with pytest.raises(sk.LoadStateError, match="_extra_state"):
+        sk.load(tmp_path, {"model": live})
+
+
+class Rebuilds:
+    """A Stateful entry that replaces a module's parameter when it is loaded."""
+
+    def __init__(self, module: nn.Linear) -> None:
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": 1}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.weight = nn.Parameter(torch.zeros(3, 3))
+
+
+def test_a_parameter_replaced_by_an_earlier_entry_still_gets_its_value(tmp_path: Path) -> None:
+    source = nn.Linear(3, 3, bias=False)
+    sk.save(tmp_path, {"a": Rebuilds(source), "model": source}, step=1)
+    live = nn.Linear(3, 3, bias=False)
+    sk.load(tmp_path, {"a": Rebuilds(live), "model": live})
+    assert torch.equal(live.weight, source.weight)
+
+
+def test_staging_buffers_stay_on_the_host_under_another_default_device() -> None:
+    with torch.device("meta"):
+        stage = _Staging(torch.device("cpu"), 256)
+        dst, src = torch.zeros(4, device="cpu"), torch.arange(4.0, device="cpu")
+        stage.copy([(dst, src)])
+    assert [b.device.type for b in stage.buffers] == ["cpu", "cpu"]
+    assert torch.equal(dst, src)

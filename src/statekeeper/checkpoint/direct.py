@@ -13,9 +13,11 @@ The fast path is taken only when the module tree would be loaded by torch's own 
 code and nothing else could observe the difference:
 
 - every module's class keeps ``nn.Module``'s ``_load_from_state_dict`` (or BatchNorm's or
-  InstanceNorm's, which differ only for checkpoints older than torch 0.4) and the top one
-  its ``load_state_dict``, no module has load-state-dict hooks or extra state, and torch is
-  not set to swap tensors on load (``torch.__future__.set_swap_module_params_on_conversion``);
+  InstanceNorm's, which differ only for checkpoints older than torch 0.4), ``state_dict``,
+  ``_save_to_state_dict``, ``get_extra_state`` and ``set_extra_state``, and the top one its
+  ``load_state_dict``; none of these is set on a module instance; no module has load or
+  state-dict hooks; and torch is not set to swap tensors on load
+  (``torch.__future__.set_swap_module_params_on_conversion``);
 - the saved keys are exactly the persistent parameters and buffers that default loading
   visits (no extra state, nothing missing or unexpected), and ``state_dict()`` would list
   the same keys (no state-dict hooks or overrides), so ``load``'s key, shape and dtype
@@ -51,9 +53,19 @@ _DEFAULT_LOADS = frozenset(
     }
 )
 _DEFAULT_TOP = nn.Module.load_state_dict
-_DEFAULT_SD = nn.Module.state_dict
 _PLAIN = (torch.Tensor, nn.Parameter)
 _ALIGN = 64
+
+
+# methods whose override (by the class, or set on the instance) means other loading code
+_OWN = (
+    "_load_from_state_dict",
+    "load_state_dict",
+    "_save_to_state_dict",
+    "state_dict",
+    "get_extra_state",
+    "set_extra_state",
+)
 
 
 def _default_loading(module: nn.Module) -> bool:
@@ -62,7 +74,10 @@ def _default_loading(module: nn.Module) -> bool:
     return (
         cls._load_from_state_dict in _DEFAULT_LOADS
         and cls._save_to_state_dict is nn.Module._save_to_state_dict
+        and cls.state_dict is nn.Module.state_dict
         and cls.get_extra_state is nn.Module.get_extra_state
+        and cls.set_extra_state is nn.Module.set_extra_state
+        and not any(name in module.__dict__ for name in _OWN)
         and not module._load_state_dict_pre_hooks
         and not module._load_state_dict_post_hooks
         and not module._state_dict_pre_hooks
@@ -90,10 +105,7 @@ def direct_pairs(module: nn.Module, saved: Mapping[str, Any]) -> list[Pair] | No
     """(live, saved) tensor pairs for one fused copy, or ``None`` where ``load_state_dict``
     must run (see the module docstring). Tied tensors are copied once, from the last key
     that names them, as the repeated ``copy_`` of default loading leaves them."""
-    if (
-        type(module).load_state_dict is not _DEFAULT_TOP
-        or type(module).state_dict is not _DEFAULT_SD
-    ):
+    if type(module).load_state_dict is not _DEFAULT_TOP:
         return None
     if torch.__future__.get_swap_module_params_on_conversion():
         return None
@@ -152,7 +164,9 @@ class _Staging:
         self.device = device
         self.size = max(-size % _ALIGN + size, _ALIGN)  # holds an element of any dtype
         cuda = device.type == "cuda"
-        self.buffers = [torch.empty(self.size, dtype=torch.uint8, pin_memory=cuda) for _ in "ab"]
+        self.buffers = [  # on the host whatever torch's default device is
+            torch.empty(self.size, dtype=torch.uint8, device="cpu", pin_memory=cuda) for _ in "ab"
+        ]
         self.events: list[Any] = [None, None]
         self.current = 0
         self.fill = 0

@@ -134,15 +134,18 @@ def _apply(
     value: Any,
     strict: Strict,
     values: dict[str, Any],
-    pairs: list[Pair] | None = None,
+    direct: bool = False,
 ) -> list[str]:
-    """Load ``value`` into ``obj``; a module with copy ``pairs`` (from ``direct_pairs``) gets
-    them copied instead of a ``load_state_dict`` call."""
+    """Load ``value`` into ``obj``; with ``direct``, a module whose ``direct_pairs`` plan
+    still holds gets its tensors copied instead of a ``load_state_dict`` call."""
     replaced: list[str] = []
+    pairs: list[Pair] | None = None
     try:
         if isinstance(obj, torch.nn.Module):
             inner = unwrap(obj)
             replaced = _replace_overlapping(name, inner, set(value))
+            if direct:  # planned before the checksums: the plan again, with today's tensors
+                pairs = direct_pairs(inner, value)  # (an earlier entry may have replaced some)
             if pairs is None:
                 inner.load_state_dict(value, strict=strict is Strict.EXACT)
             else:
@@ -205,24 +208,24 @@ def load(
 
 def _plan(
     prepared: dict[str, Any], state: Mapping[str, Any], strict: Strict
-) -> tuple[dict[str, Any], dict[str, list[Pair]], list[str]]:
-    """The state to load (optimizer state made positional), the direct copy plan of each
-    module that has one, and every mismatch."""
-    plans = {
-        name: pairs
+) -> tuple[dict[str, Any], set[str], list[str]]:
+    """The state to load (optimizer state made positional), the modules that have a direct
+    copy plan (whose keys, shapes and dtypes it already matched), and every mismatch."""
+    planned = {
+        name
         for name, obj in state.items()
         if isinstance(obj, torch.nn.Module)
         and isinstance(prepared.get(name), Mapping)
-        and (pairs := direct_pairs(unwrap(obj), prepared[name])) is not None
+        and direct_pairs(unwrap(obj), prepared[name]) is not None
     }
-    problems = _check(prepared, state, strict, planned=plans.keys())
+    problems = _check(prepared, state, strict, planned=planned)
     with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
     names = parameter_names(state) if with_optimizer else {}
     for name, obj in state.items():
         if name in prepared and isinstance(obj, torch.optim.Optimizer):
             prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
             problems += mismatches
-    return prepared, plans, problems
+    return prepared, planned, problems
 
 
 def _load_local(
@@ -230,7 +233,7 @@ def _load_local(
 ) -> RestoreInfo:
     with PendingStep(location) as pending:
         try:  # checks and copy plans only inspect the state: they overlap the checksums
-            prepared, plans, problems = _plan(dict(pending.state), state, strict)
+            prepared, planned, problems = _plan(dict(pending.state), state, strict)
         except BaseException:
             pending.verify()  # a damaged file is reported before anything else
             raise
@@ -242,7 +245,7 @@ def _load_local(
     # RNG last: nothing loaded after it may draw from the generators it restores
     for name in sorted(state, key=lambda n: isinstance(state[n], RNGState)):
         if name in prepared:
-            replaced += _apply(name, state[name], prepared[name], strict, values, plans.get(name))
+            replaced += _apply(name, state[name], prepared[name], strict, values, name in planned)
     if replaced:
         warnings.warn(
             f"statekeeper: {len(replaced)} live tensor(s) overlapped themselves in memory (built "

@@ -201,7 +201,7 @@ def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.T
             raise ValueError(f"tensor {name!r} has data offsets that do not fit its shape")
         spans.append((begin, end))
         if numel == 0:
-            out[name] = torch.empty(shape, dtype=dtype)
+            out[name] = torch.empty(shape, dtype=dtype, device="cpu")
         elif writable:
             flat = frombuffer(data, dtype=dtype, offset=start + begin, count=numel)
             # no view for 1-D tensors: ~12 ms less per 3,000 vectors (bench/io.py, load rows)

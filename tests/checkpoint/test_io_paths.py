@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import statekeeper as sk
-import statekeeper.checkpoint.reader as reader
+import statekeeper.checkpoint.verifier as verifier
 import statekeeper.checkpoint.writer as writer
 import statekeeper.storage.local as local
 from statekeeper.format.manifest import TensorRecord, _compact, _tensor_lines
@@ -32,7 +32,7 @@ def _state() -> dict[str, torch.Tensor]:
 @pytest.fixture
 def fast_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(writer, "HASH_IN_THREAD_FROM", 0)
-    monkeypatch.setattr(reader, "_THREAD_FROM", 0)
+    monkeypatch.setattr(verifier, "THREAD_FROM", 0)
     monkeypatch.setattr(local, "WRITEBACK_EVERY", 1)
 
 

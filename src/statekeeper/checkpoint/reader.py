@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from statekeeper.checkpoint.location import Location
+from statekeeper.checkpoint.verifier import Progress, Verifier
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import rebuild_alias
-from statekeeper.format.checksum import Buffer, checksum, matches
+from statekeeper.format.checksum import Buffer
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_io import parse
 from statekeeper.format.sharding import assemble
 from statekeeper.format.tensors import SUPPORTED_DTYPES, dtype_name
 from statekeeper.state.tree import unflatten
-from statekeeper.storage.local import LocalStorage
 
 __all__ = ["PendingStep", "Progress", "VerifiedStep", "read_manifest", "read_step"]
 
-Progress = Callable[[int, int], None]
-"""Called as ``progress(done_bytes, total_bytes)`` while files are read."""
-
-_THREAD_FROM = 4 << 20  # smaller steps are hashed inline: a thread costs more than it saves
 _DTYPE_NAMES = {dtype: dtype_name(dtype) for dtype in SUPPORTED_DTYPES}
 
 
@@ -45,111 +40,6 @@ def read_manifest(location: Location) -> Manifest:
     except FileNotFoundError:
         raise CorruptCheckpointError(path, "manifest.json is missing") from None
     return Manifest.from_bytes(path, bytes(data))
-
-
-def _open_file(location: Location, manifest: Manifest, name: str) -> Buffer:
-    """The file's bytes, of the size the manifest records (not yet checksummed)."""
-    path = location.path(name)
-    record = manifest.files[name]
-    try:
-        data = location.storage.read(location.entry, name)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(path, "file listed in the manifest is missing") from None
-    if len(data) != record.size:
-        raise CorruptCheckpointError(
-            path, f"size is {len(data)} bytes, the manifest says {record.size}"
-        )
-    return data
-
-
-def _read_file(location: Location, manifest: Manifest, name: str) -> Buffer:
-    """The file's bytes, verified against the manifest's size and checksum."""
-    data = _open_file(location, manifest, name)
-    record = manifest.files[name]
-    if not matches(data, record.checksum):
-        raise CorruptCheckpointError(
-            location.path(name), f"checksum mismatch (expected {record.checksum})"
-        )
-    return data
-
-
-class _Verifier:
-    """Checksums computed in one worker thread while the caller decodes the same files.
-
-    xxhash releases the GIL, so hashing (about 0.04 s per GiB from the page cache) overlaps
-    the manifest parsing, the header parsing, the tensor checks and the state decoding on
-    the caller's thread (about 0.04 s for 3,304 tensors). On local storage the step's
-    safetensors files are opened and their hashing started before the manifest is even
-    parsed (``start_early``); the manifest then says which results count. Results are checked
-    in the order the files were opened, so the first bad file is reported, as when the files
-    were checked one by one. ``bench/io.py``'s warm load: 0.39 s (hash, then decode) -> 0.27 s
-    (this thread, the faster parse) -> 0.11-0.12 s (early start, direct copies).
-    """
-
-    def __init__(self, location: Location) -> None:
-        self._location = location
-        self._pool: ThreadPoolExecutor | None = None
-        self._early: dict[str, Buffer] = {}
-        self._results: dict[str, Future[str]] = {}
-        self._opened: list[str] = []
-
-    def start_early(self) -> None:
-        storage, entry = self._location.storage, self._location.entry
-        if not isinstance(storage, LocalStorage):  # elsewhere a read is a download: not blind
-            return
-        try:
-            names = [n for n in storage.files(entry) if n.endswith(".safetensors")]
-            if sum(storage.size(entry, n) for n in names) < _THREAD_FROM:
-                return
-            for name in names:
-                self._early[name] = storage.read(entry, name)
-                self._submit(name, self._early[name], threaded=True)
-        except OSError:  # the manifest's own checks will name what is wrong
-            return
-
-    def _submit(self, name: str, data: Buffer, threaded: bool) -> None:
-        if threaded and self._pool is None:
-            self._pool = ThreadPoolExecutor(1, "statekeeper-verify")
-        if self._pool is None:
-            result: Future[str] = Future()
-            result.set_result(checksum(data))
-        else:
-            result = self._pool.submit(checksum, data)
-        self._results[name] = result
-
-    def open(self, manifest: Manifest, name: str) -> Buffer:
-        """File ``name``'s bytes (opened early or now) of the recorded size, being hashed."""
-        data = self._early.pop(name, None)
-        if data is None:
-            data = _open_file(self._location, manifest, name)
-            total = sum(r.size for r in manifest.files.values())
-            self._submit(name, data, threaded=total >= _THREAD_FROM)
-        elif len(data) != manifest.files[name].size:
-            raise CorruptCheckpointError(
-                self._location.path(name),
-                f"size is {len(data)} bytes, the manifest says {manifest.files[name].size}",
-            )
-        self._opened.append(name)
-        return data
-
-    def check(self, manifest: Manifest, progress: Progress | None = None) -> None:
-        """Wait for every opened file; raise for the first whose checksum differs."""
-        total = sum(r.size for r in manifest.files.values())
-        done = 0
-        for name in self._opened:
-            record = manifest.files[name]
-            if self._results[name].result() != record.checksum:
-                raise CorruptCheckpointError(
-                    self._location.path(name), f"checksum mismatch (expected {record.checksum})"
-                )
-            done += record.size
-            if progress is not None:
-                progress(done, total)
-
-    def close(self) -> None:
-        self._early.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _file_tensors(
@@ -175,7 +65,7 @@ def _file_tensors(
 
 
 def _load_tensors(
-    location: Location, manifest: Manifest, verifier: _Verifier
+    location: Location, manifest: Manifest, verifier: Verifier
 ) -> dict[str, torch.Tensor]:
     """Every tensor, decoded while ``verifier`` checksums the files (not yet confirmed)."""
     by_file: dict[str, list[str]] = {}
@@ -252,7 +142,7 @@ class PendingStep:
 
     def __init__(self, location: Location, rank: int = 0) -> None:
         self.location = location
-        self._verifier = _Verifier(location)
+        self._verifier = Verifier(location)
         try:
             self._verifier.start_early()
             self.manifest = manifest = read_manifest(location)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.reader import _file_tensors, _read_file
+from statekeeper.checkpoint.reader import _file_tensors
+from statekeeper.checkpoint.verifier import read_verified
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import rebuild_alias
 from statekeeper.format.manifest import MANIFEST, Manifest
@@ -31,7 +32,7 @@ class VerifiedFiles:
         has done its share, and all agreed, every file is known intact: :meth:`mark_checked`."""
         for i, name in enumerate(sorted(self.manifest.files)):
             if i % world == rank:
-                _read_file(self.location, self.manifest, name)
+                read_verified(self.location, self.manifest, name)
 
     def mark_checked(self) -> None:
         self._checked = True
@@ -61,7 +62,7 @@ class VerifiedFiles:
             data = (
                 self.location.storage.read(self.location.entry, record.file)
                 if self._checked
-                else _read_file(self.location, self.manifest, record.file)
+                else read_verified(self.location, self.manifest, record.file)
             )
             names = [n for n, r in self.manifest.tensors.items() if r.file == record.file]
             self._files[record.file] = _file_tensors(

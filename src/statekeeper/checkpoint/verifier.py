@@ -20,29 +20,37 @@ Progress = Callable[[int, int], None]
 THREAD_FROM = 4 << 20  # smaller steps are hashed inline: a thread costs more than it saves
 
 
+def _sized(location: Location, manifest: Manifest, name: str, data: Buffer) -> Buffer:
+    """``data``, if it is as long as the manifest records for file ``name``."""
+    size = manifest.files[name].size
+    if len(data) != size:
+        raise CorruptCheckpointError(
+            location.path(name), f"size is {len(data)} bytes, the manifest says {size}"
+        )
+    return data
+
+
+def _mismatch(location: Location, manifest: Manifest, name: str) -> CorruptCheckpointError:
+    expected = manifest.files[name].checksum
+    return CorruptCheckpointError(location.path(name), f"checksum mismatch (expected {expected})")
+
+
 def open_file(location: Location, manifest: Manifest, name: str) -> Buffer:
     """The file's bytes, of the size the manifest records (not yet checksummed)."""
-    path = location.path(name)
-    record = manifest.files[name]
     try:
         data = location.storage.read(location.entry, name)
     except FileNotFoundError:
-        raise CorruptCheckpointError(path, "file listed in the manifest is missing") from None
-    if len(data) != record.size:
         raise CorruptCheckpointError(
-            path, f"size is {len(data)} bytes, the manifest says {record.size}"
-        )
-    return data
+            location.path(name), "file listed in the manifest is missing"
+        ) from None
+    return _sized(location, manifest, name, data)
 
 
 def read_verified(location: Location, manifest: Manifest, name: str) -> Buffer:
     """The file's bytes, verified against the manifest's size and checksum."""
     data = open_file(location, manifest, name)
-    record = manifest.files[name]
-    if not matches(data, record.checksum):
-        raise CorruptCheckpointError(
-            location.path(name), f"checksum mismatch (expected {record.checksum})"
-        )
+    if not matches(data, manifest.files[name].checksum):
+        raise _mismatch(location, manifest, name)
     return data
 
 
@@ -99,11 +107,8 @@ class Verifier:
             if self._threaded is None:
                 self._threaded = sum(r.size for r in manifest.files.values()) >= THREAD_FROM
             self._submit(name, data, threaded=self._threaded)
-        elif len(data) != manifest.files[name].size:
-            raise CorruptCheckpointError(
-                self._location.path(name),
-                f"size is {len(data)} bytes, the manifest says {manifest.files[name].size}",
-            )
+        else:
+            _sized(self._location, manifest, name, data)
         self._opened.append(name)
         return data
 
@@ -114,9 +119,7 @@ class Verifier:
         for name in self._opened:
             record = manifest.files[name]
             if self._results[name].result() != record.checksum:
-                raise CorruptCheckpointError(
-                    self._location.path(name), f"checksum mismatch (expected {record.checksum})"
-                )
+                raise _mismatch(self._location, manifest, name)
             done += record.size
             if progress is not None:
                 progress(done, total)

@@ -140,10 +140,19 @@ def _die() -> None:
 
 
 def _child(ref: str, mode: str, run_dir: str, out_dir: str, steps: int, stop_at: int) -> None:
-    if os.environ.get(_SYNC):
-        import torch.distributed as dist
+    if not os.environ.get(_SYNC):
+        _run_child(ref, mode, run_dir, out_dir, steps, stop_at)
+        return
+    import torch.distributed as dist
 
-        dist.init_process_group(os.environ.get(_BACKEND, "gloo"))
+    dist.init_process_group(os.environ.get(_BACKEND, "gloo"))
+    try:
+        _run_child(ref, mode, run_dir, out_dir, steps, stop_at)
+    finally:  # before interpreter teardown, where gloo's threads can abort the process
+        dist.destroy_process_group()
+
+
+def _run_child(ref: str, mode: str, run_dir: str, out_dir: str, steps: int, stop_at: int) -> None:
     run = _load_reference(ref)()
     start = 0
     with Checkpointer(run_dir, every=EverySteps(1), generators=run.generators) as ckpt:

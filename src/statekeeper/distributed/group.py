@@ -32,9 +32,9 @@ CHECKPOINT_TIMEOUT = timedelta(minutes=30)
 _groups: dict[int, dist.ProcessGroup] = {}
 # Drop this module's reference while the interpreter is still whole: otherwise, after the
 # user's destroy_process_group(), the group's C++ object (and gloo's threads) would be torn
-# down during interpreter finalization, where gloo can abort the process. A rank of
-# examples/distributed.py once exited so ("terminate called without an active exception") in
-# a loaded test run; this reference is the suspected cause, not a proven one.
+# down during interpreter finalization, where gloo can abort the process ("terminate called
+# without an active exception"; seen in full test runs, with statekeeper.testing's ranks,
+# which also skipped destroy_process_group until then).
 atexit.register(_groups.clear)
 
 

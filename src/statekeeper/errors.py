@@ -116,11 +116,13 @@ class KeyMismatchError(StatekeeperError, KeyError):
 class UnsupportedValueError(StatekeeperError, TypeError):
     """A value in the state cannot be stored without pickle."""
 
-    def __init__(self, key_path: str, value: object, what: str = "") -> None:
+    def __init__(self, key_path: str, value: object, what: str = "", *, reason: str = "") -> None:
         self.key_path = key_path
         self.value_type = type(value)
         where = f"state at {key_path or '<root>'}"
-        if what:
+        if reason:
+            message = f"{reason}. Flatten that part of the state."
+        elif what:
             message = (
                 f"{where} holds {what}, which safetensors has no code for. Convert it in the "
                 "object's state_dict() (to a supported dtype, or .view() it as uint8 and store "

@@ -1,6 +1,7 @@
 """Saves a deterministic state for step after step until it is killed.
 
-Usage: python -m tests.helpers.saver RUN_DIR FIRST_STEP [async]. Prints each step it saves.
+Usage: python -m tests.helpers.saver RUN_DIR FIRST_STEP [async|sync] [keep]. Prints each step it
+saves. With ``keep`` the Checkpointer keeps only the newest step (retention deletes the rest).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ def state_for(step: int) -> dict[str, object]:
 def main() -> None:
     directory, first = sys.argv[1], int(sys.argv[2])
     asynchronous = len(sys.argv) > 3 and sys.argv[3] == "async"
+    keep = sk.KeepLatest(1) if sys.argv[4:5] == ["keep"] else None
     print("ready", flush=True)
     step = first
-    if asynchronous:  # the Checkpointer writes in a background thread
-        with sk.Checkpointer(directory, async_save=True, shard_bytes=100_000) as ckpt:
+    if asynchronous or keep is not None:  # async: the Checkpointer writes in a thread
+        with sk.Checkpointer(
+            directory, async_save=asynchronous, shard_bytes=100_000, keep=keep
+        ) as ckpt:
             while True:
                 ckpt.save(step, state_for(step))
                 print(step, flush=True)

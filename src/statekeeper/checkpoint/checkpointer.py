@@ -32,6 +32,7 @@ from statekeeper.errors import (
     InvalidArgumentError,
     RankFailure,
     StatekeeperError,
+    StepNotFoundError,
     UnsupportedFormatError,
 )
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
@@ -41,13 +42,15 @@ __all__ = ["RNG_ENTRY", "Checkpointer"]
 
 RNG_ENTRY = "rng"
 _DAMAGED = {CorruptCheckpointError.__name__, UnsupportedFormatError.__name__}
+_GONE = {StepNotFoundError.__name__}
 
 
-def _damaged(exc: BaseException) -> bool:
-    """Whether a failed load means a damaged step (skip it). In a distributed job every rank
-    sees the kinds of every rank's error, so all of them decide alike."""
+def _skippable(exc: BaseException) -> bool:
+    """Whether a failed load means a damaged step, or one deleted while it was read (skip
+    it). In a distributed job every rank sees the kinds of every rank's error, so all of
+    them decide alike."""
     kinds = set(kinds_of(exc))
-    return bool(kinds) and kinds <= _DAMAGED
+    return bool(kinds) and kinds <= _DAMAGED | _GONE
 
 
 class Checkpointer:
@@ -134,11 +137,17 @@ class Checkpointer:
         for parsed in reversed(committed(self.storage)):
             try:
                 info = load(self.storage, full, step=parsed.step, strict=strict, scope=self._scope)
-            except (CorruptCheckpointError, UnsupportedFormatError, RankFailure) as exc:
-                if not _damaged(exc):  # the same decision on every rank of a job
+            except (
+                CorruptCheckpointError,
+                UnsupportedFormatError,
+                StepNotFoundError,
+                RankFailure,
+            ) as exc:
+                if not _skippable(exc):  # the same decision on every rank of a job
                     raise
+                what = "deleted" if set(kinds_of(exc)) <= _GONE else "damaged"
                 warnings.warn(
-                    f"statekeeper: skipping damaged step {parsed.step}: {exc}",
+                    f"statekeeper: skipping {what} step {parsed.step}: {exc}",
                     StatekeeperWarning,
                     stacklevel=2,
                 )

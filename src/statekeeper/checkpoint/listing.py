@@ -13,7 +13,8 @@ __all__ = ["list_checkpoints", "list_partial", "remove_partial"]
 
 
 def list_checkpoints(directory: PathOrStorage) -> list[CheckpointInfo]:
-    """Committed steps, oldest first. A step whose manifest is damaged has ``error`` set."""
+    """Committed steps, oldest first. A step whose manifest is damaged has ``error`` set (one
+    bad step never fails the listing); a step deleted while it is listed is left out."""
     storage = resolve_storage(directory)
     infos = []
     for parsed in committed(storage):
@@ -23,6 +24,8 @@ def list_checkpoints(directory: PathOrStorage) -> list[CheckpointInfo]:
             size = storage.size(parsed.name, MANIFEST)
             infos.append(CheckpointInfo.from_manifest(location.path(), manifest, size))
         except (StatekeeperError, OSError) as exc:
+            if isinstance(exc, FileNotFoundError) and location.gone():
+                continue  # deleted since the listing began: no longer a step of the run
             infos.append(CheckpointInfo(parsed.step, location.path(), 0, None, error=str(exc)))
     return infos
 

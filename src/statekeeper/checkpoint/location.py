@@ -23,6 +23,13 @@ def resolve_storage(directory: PathOrStorage) -> Storage:
     if isinstance(directory, str) and is_url(directory):
         return storage_for_url(directory)
     if isinstance(directory, str | os.PathLike):
+        path = Path(directory)
+        if path.exists() and not path.is_dir():
+            raise StepNotFoundError(
+                f"{path} is a file, not a statekeeper run or step directory; read a foreign "
+                "checkpoint file with statekeeper.read (or `statekeeper inspect`), or pass the "
+                "run directory"
+            )
         return LocalStorage(directory)
     if isinstance(directory, Storage):
         return directory
@@ -56,6 +63,26 @@ class Location:
     def path(self, name: str = "") -> str:
         return self.storage.describe(self.entry, name)
 
+    def gone(self) -> bool:
+        """Whether the step is no longer committed (deleted while it was being read)."""
+        return self.step >= 0 and self.entry not in self.storage.entries()
+
+    def gone_error(self) -> StepNotFoundError:
+        return StepNotFoundError(
+            f"{self.path()} was deleted while it was being read (retention by the writing "
+            "process, or a manual delete); nothing of it was applied. Load another step "
+            "(statekeeper ls lists them)."
+        )
+
+
+def _is_step_dir(path: Path) -> bool:
+    """A step directory holds an entry named manifest.json, whatever it is (a damaged one is
+    still a step's, and reading it says what is wrong), or is named as a committed step."""
+    if os.path.lexists(path / MANIFEST):
+        return True
+    parsed = parse_entry(path.name)
+    return parsed is not None and parsed.kind is EntryKind.COMMITTED and path.is_dir()
+
 
 def locate(directory: PathOrStorage, step: int | None) -> Location:
     """The committed step ``step`` (newest when None) of a run directory.
@@ -73,13 +100,18 @@ def locate(directory: PathOrStorage, step: int | None) -> Location:
             storage = resolve_storage(parent)
             if last in storage.entries():
                 return Location(storage, last, parsed.step)
-    if isinstance(directory, str | os.PathLike) and (Path(directory) / MANIFEST).is_file():
+    if isinstance(directory, str | os.PathLike) and _is_step_dir(Path(directory)):
         path = Path(directory).resolve()
         parsed = parse_entry(path.name)
         if step is not None and (parsed is None or parsed.step != step):
             raise InvalidArgumentError(f"{path} is a single step; do not pass step={step}")
         return Location(LocalStorage(path.parent), path.name, parsed.step if parsed else -1)
     storage = resolve_storage(directory)
+    if isinstance(storage, LocalStorage) and not storage.root.exists():
+        raise StepNotFoundError(
+            f"{storage.root} does not exist: no run or step directory at that path (check the "
+            "path and the working directory)"
+        )
     steps = committed(storage)
     if step is None:
         if not steps:

@@ -1,4 +1,5 @@
-"""Entry names in a run directory: ``step_000001200`` (committed), ``.partial-<id>`` (not)."""
+"""Entry names in a run directory: ``step_000001200`` (committed); ``.partial-<id>``,
+``.replaced-<id>`` and ``.removing-<id>`` (not committed: never read, cleaned up)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from enum import StrEnum
 
 __all__ = ["EntryKind", "ParsedEntry", "parse_entry", "step_entry"]
 
-_PATTERN = re.compile(r"step_(\d+)(?:\.(partial|replaced)-([0-9a-f]+))?")
+_PATTERN = re.compile(r"step_(\d+)(?:\.(partial|replaced|removing)-([0-9a-f]+))?")
 
 
 class EntryKind(StrEnum):
     COMMITTED = "committed"
     PARTIAL = "partial"
     REPLACED = "replaced"
+    REMOVING = "removing"  # being deleted (retention): never read, cleaned up like a partial
 
 
 @dataclass(frozen=True)

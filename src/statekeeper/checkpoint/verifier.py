@@ -7,12 +7,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from statekeeper.checkpoint.location import Location
-from statekeeper.errors import CorruptCheckpointError
+from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
-from statekeeper.format.manifest import Manifest
+from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.storage.local import LocalStorage
 
-__all__ = ["THREAD_FROM", "Progress", "Verifier", "open_file", "read_verified"]
+__all__ = ["THREAD_FROM", "Progress", "Verifier", "missing", "open_file", "read_verified"]
 
 Progress = Callable[[int, int], None]
 """Called as ``progress(done_bytes, total_bytes)`` while files are read."""
@@ -20,13 +20,17 @@ Progress = Callable[[int, int], None]
 THREAD_FROM = 4 << 20  # smaller steps are hashed inline: a thread costs more than it saves
 
 
+def _check_size(location: Location, manifest: Manifest, name: str, found: int) -> None:
+    size = manifest.files[name].size
+    if found != size:
+        raise CorruptCheckpointError(
+            location.path(name), f"size is {found} bytes, the manifest says {size}"
+        )
+
+
 def _sized(location: Location, manifest: Manifest, name: str, data: Buffer) -> Buffer:
     """``data``, if it is as long as the manifest records for file ``name``."""
-    size = manifest.files[name].size
-    if len(data) != size:
-        raise CorruptCheckpointError(
-            location.path(name), f"size is {len(data)} bytes, the manifest says {size}"
-        )
+    _check_size(location, manifest, name, len(data))
     return data
 
 
@@ -35,14 +39,26 @@ def _mismatch(location: Location, manifest: Manifest, name: str) -> CorruptCheck
     return CorruptCheckpointError(location.path(name), f"checksum mismatch (expected {expected})")
 
 
+def missing(location: Location, name: str) -> StatekeeperError:
+    """The error for a file of the step that is not there: the step was deleted while it was
+    read (``StepNotFoundError``), or the step is damaged (``CorruptCheckpointError``)."""
+    if location.gone():
+        return location.gone_error()
+    what = (
+        "manifest.json is missing" if name == MANIFEST else "file listed in the manifest is missing"
+    )
+    return CorruptCheckpointError(location.path(name), what)
+
+
 def open_file(location: Location, manifest: Manifest, name: str) -> Buffer:
-    """The file's bytes, of the size the manifest records (not yet checksummed)."""
+    """The file's bytes, of the size the manifest records (not yet checksummed). The size is
+    checked before anything is read: no claim makes a reader take more than is there."""
+    storage, entry = location.storage, location.entry
     try:
-        data = location.storage.read(location.entry, name)
+        _check_size(location, manifest, name, storage.size(entry, name))
+        data = storage.read(entry, name)
     except FileNotFoundError:
-        raise CorruptCheckpointError(
-            location.path(name), "file listed in the manifest is missing"
-        ) from None
+        raise missing(location, name) from None
     return _sized(location, manifest, name, data)
 
 
@@ -86,7 +102,7 @@ class Verifier:
             for name in names:
                 self._early[name] = storage.read(entry, name)
                 self._submit(name, self._early[name], threaded=True)
-        except OSError:  # the manifest's own checks will name what is wrong
+        except (OSError, StatekeeperError):  # the manifest's own checks will name what is wrong
             return
 
     def _submit(self, name: str, data: Buffer, threaded: bool) -> None:

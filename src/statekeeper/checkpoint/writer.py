@@ -17,7 +17,12 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import committed, validate_step
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
-from statekeeper.errors import InvalidArgumentError, StepExistsError
+from statekeeper.errors import (
+    InvalidArgumentError,
+    StatekeeperError,
+    StepExistsError,
+    StorageError,
+)
 from statekeeper.format.aliases import Alias, plan_sharing
 from statekeeper.format.checksum import Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
@@ -25,7 +30,7 @@ from statekeeper.format.safetensors_io import ShardLayout, layout, stream
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, plan_shards
 from statekeeper.format.values import Json, encode_value
 from statekeeper.state.tree import flatten
-from statekeeper.storage.base import FileWriter, Storage
+from statekeeper.storage.base import FileWriter, Storage, Transaction
 
 __all__ = ["Prepared", "check_step", "commit", "prepare", "write_shard", "write_step"]
 
@@ -135,6 +140,20 @@ def write_shard(
     return FileRecord(hasher.size, hasher.hexdigest())
 
 
+_WRAPPED: tuple[type[BaseException], ...] = (StorageError,)
+
+
+def _save_failed(storage: Storage, step: int, total: int, exc: OSError) -> StorageError:
+    """``StorageError`` (errno kept) naming the run, the step, what failed and the bytes the
+    step needs; the in-progress entry is gone and committed steps were not touched."""
+    return StorageError(
+        exc.errno,
+        f"saving step {step} into {storage.describe()} failed: {exc.strerror or exc}. The "
+        f"step needs {total} bytes for its tensor files plus its manifest; nothing was "
+        "committed and earlier steps are intact",
+    )
+
+
 def commit(
     storage: Storage,
     prepared: Prepared,
@@ -170,8 +189,9 @@ def commit(
         if progress is not None:
             progress(written, total)
 
-    txn = storage.begin(entry, replace=exists)
+    txn: Transaction | None = None
     try:
+        txn = storage.begin(entry, replace=exists)
         for file, members, lay in planned:
             files[file] = write_shard(txn, file, members, lay, count if progress else None)
             for n, t in members.items():
@@ -190,8 +210,15 @@ def commit(
         manifest_bytes = manifest.to_bytes()
         txn.write(MANIFEST, manifest_bytes)
         txn.commit()
+    except OSError as exc:  # out of space, I/O error, ...: nothing committed, nothing touched
+        if txn is not None:
+            txn.abort()
+        if isinstance(exc, StatekeeperError) and type(exc) not in _WRAPPED:
+            raise  # a statekeeper error of its own kind (a test's injected failure, ...)
+        raise _save_failed(storage, step, total, exc) from exc
     except BaseException:
-        txn.abort()
+        if txn is not None:
+            txn.abort()
         raise
     return CheckpointInfo.from_manifest(storage.describe(entry), manifest, len(manifest_bytes))
 

@@ -13,7 +13,6 @@ prefixes. A directory that holds no statekeeper step but such files has each of 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import zipfile
@@ -29,7 +28,9 @@ from statekeeper.doctor.rules.pickle_values import PickleValues
 from statekeeper.doctor.rules.shared_storage import SharedStorage, module_of, wrapper_prefixes
 from statekeeper.doctor.rules.shared_storage import wrapper_text as _wrapper_text
 from statekeeper.errors import StepNotFoundError
+from statekeeper.format.jsondoc import parse_json
 from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.storage.files import regular_size
 
 __all__ = ["check_checkpoint"]
 
@@ -121,7 +122,7 @@ def _prefixes(names: list[str], what: str = "tensor names") -> Iterator[Finding]
 
 
 def _foreign(path: Path, where: str) -> Iterator[Finding]:
-    size = path.stat().st_size
+    size = regular_size(path, follow=True)  # a FIFO or device is refused, never opened
     with path.open("rb") as f:
         head = f.read(16)
     if zipfile.is_zipfile(path):
@@ -174,7 +175,7 @@ def _safetensors_names(path: Path, head: bytes, size: int) -> list[str] | None:
         f.seek(8)
         raw = f.read(length)
     try:
-        header = json.loads(raw)
+        header = parse_json(raw)
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(header, dict):

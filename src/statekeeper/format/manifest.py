@@ -21,8 +21,10 @@ from typing import Any
 from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
 from statekeeper.format.aliases import Alias
 from statekeeper.format.checksum import ALGORITHM, checksum
+from statekeeper.format.jsondoc import depth_problem, parse_json
 from statekeeper.format.sharding import Sharding
 from statekeeper.format.values import Json
+from statekeeper.storage.files import check_name
 
 __all__ = [
     "FORMAT",
@@ -94,7 +96,7 @@ class Manifest:
         """Parse and verify; raises CorruptCheckpointError or UnsupportedFormatError naming path."""
         try:
             text = data.decode("ascii")
-            body = json.loads(text)
+            body = parse_json(text)
         except (UnicodeDecodeError, ValueError) as exc:
             raise CorruptCheckpointError(path, f"manifest is not valid JSON ({exc})") from None
         if not isinstance(body, dict):
@@ -108,7 +110,7 @@ class Manifest:
             raise UnsupportedFormatError(path, version, [VERSION, SHARDED_VERSION])
         _verify_self_checksum(path, text, body)
         try:
-            return cls(
+            manifest = cls(
                 step=_int(body["step"]),
                 created=str(body["created"]),
                 library={str(k): str(v) for k, v in body["library"].items()},
@@ -137,6 +139,12 @@ class Manifest:
             raise CorruptCheckpointError(
                 path, f"manifest is malformed ({type(exc).__name__}: {exc})"
             ) from None
+        for name in manifest.files:  # opened by name: one plain component, nothing else
+            check_name(path, name)
+        problem = depth_problem(manifest.metrics)
+        if problem is not None:
+            raise CorruptCheckpointError(path, f"manifest metrics are {problem}")
+        return manifest
 
 
 def _compact(value: Any) -> str:

@@ -28,6 +28,8 @@ from json.encoder import encode_basestring
 
 import torch
 
+from statekeeper.format.jsondoc import MAX_HEADER_BYTES, parse_json
+
 __all__ = ["DTYPE_CODES", "ShardLayout", "layout", "parse", "stream"]
 
 # the reference implementation's dtype order, widest first (the order of its data section)
@@ -48,6 +50,7 @@ _RANK = {code: i for i, code in enumerate(_ORDER)}
 _DIRECT = 1 << 20  # tensors this large are written from their own memory, not staged
 STAGING = 8 << 20  # small tensors are coalesced into writes of this size
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_MAX_ELEMENTS = 1 << 62  # torch sizes are int64; no real tensor comes near
 
 
 @dataclass(frozen=True)
@@ -167,8 +170,10 @@ def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.T
     (n,) = struct.unpack("<Q", buf[:8])
     if n > len(buf) - 8:
         raise ValueError(f"header length {n} runs past the end of the file")
+    if n > MAX_HEADER_BYTES:
+        raise ValueError(f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
     try:
-        header = json.loads(bytes(buf[8 : 8 + n]))
+        header = parse_json(bytes(buf[8 : 8 + n]))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"header is not JSON ({exc})") from None
     if not isinstance(header, dict):
@@ -190,13 +195,16 @@ def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.T
             raise ValueError(f"tensor {name!r} has a malformed header entry") from None
         if type(shape) is not list or type(begin) is not int or type(end) is not int:
             raise ValueError(f"tensor {name!r} has a malformed header entry")
-        numel = 1
+        numel = span = 1
         for d in shape:
             if type(d) is not int:
                 raise ValueError(f"tensor {name!r} has a malformed header entry")
             if d < 0:
                 raise ValueError(f"tensor {name!r} has a negative dimension")
             numel *= d
+            span *= d or 1  # an empty tensor's other sizes must still be representable
+        if span >= _MAX_ELEMENTS:
+            raise ValueError(f"tensor {name!r} has a shape too large to exist: {shape}")
         if not 0 <= begin <= end <= end_of_data or end - begin != numel * dtype.itemsize:
             raise ValueError(f"tensor {name!r} has data offsets that do not fit its shape")
         spans.append((begin, end))

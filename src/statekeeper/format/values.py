@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from statekeeper.errors import UnsupportedValueError
+from statekeeper.format.jsondoc import MAX_DEPTH
 
 __all__ = ["Json", "decode_value", "encode_value", "join_path"]
 
@@ -74,13 +75,25 @@ def _dtype_by_name(name: str, path: str) -> torch.dtype:
     return dtype
 
 
-def encode_value(value: object, path: str, on_tensor: TensorHook) -> Json:
-    """Encode ``value`` as tagged JSON; tensors and arrays are handed to ``on_tensor``."""
+def _too_deep(path: str) -> str:
+    return (
+        f"{path or '<root>'}: nested deeper than {MAX_DEPTH} levels of containers (the most "
+        "statekeeper stores and reads back)"
+    )
+
+
+def encode_value(value: object, path: str, on_tensor: TensorHook, depth: int = 0) -> Json:
+    """Encode ``value`` as tagged JSON; tensors and arrays are handed to ``on_tensor``.
+
+    Containers nest at most ``MAX_DEPTH`` deep: what is saved can always be read back."""
     if value is None or isinstance(value, bool | str):
         return value
+    if depth > MAX_DEPTH and not isinstance(value, int | float):  # a container or tagged leaf
+        raise UnsupportedValueError(path, value, reason=_too_deep(path))
+    depth += 1
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         item = value.item()
-        return {"$numpy": value.dtype.name, "value": encode_value(item, path, on_tensor)}
+        return {"$numpy": value.dtype.name, "value": encode_value(item, path, on_tensor, depth)}
     if isinstance(value, int):
         return int(value)  # int subclasses such as IntEnum lose their class, never their value
     if isinstance(value, float):
@@ -91,22 +104,26 @@ def encode_value(value: object, path: str, on_tensor: TensorHook) -> Json:
         return {"$size": list(value)}
     if isinstance(value, tuple) and type(value) is tuple:
         return {
-            "$tuple": [encode_value(v, join_path(path, i), on_tensor) for i, v in enumerate(value)]
+            "$tuple": [
+                encode_value(v, join_path(path, i), on_tensor, depth) for i, v in enumerate(value)
+            ]
         }
     if type(value) is list:
-        return [encode_value(v, join_path(path, i), on_tensor) for i, v in enumerate(value)]
+        return [encode_value(v, join_path(path, i), on_tensor, depth) for i, v in enumerate(value)]
     if isinstance(value, OrderedDict):
         meta = getattr(value, "_metadata", None)
         return {
-            "$odict": _encode_items(value, path, on_tensor),
+            "$odict": _encode_items(value, path, on_tensor, depth),
             "meta": None
             if meta is None
-            else encode_value(meta, join_path(path, "_metadata"), on_tensor),
+            else encode_value(meta, join_path(path, "_metadata"), on_tensor, depth),
         }
     if type(value) is dict:
         if all(isinstance(k, str) and not k.startswith("$") for k in value):
-            return {k: encode_value(v, join_path(path, k), on_tensor) for k, v in value.items()}
-        return {"$dict": _encode_items(value, path, on_tensor)}
+            return {
+                k: encode_value(v, join_path(path, k), on_tensor, depth) for k, v in value.items()
+            }
+        return {"$dict": _encode_items(value, path, on_tensor, depth)}
     if isinstance(value, bytes | bytearray):
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, torch.dtype):
@@ -116,38 +133,47 @@ def encode_value(value: object, path: str, on_tensor: TensorHook) -> Json:
     if isinstance(value, complex):
         return {
             "$complex": [
-                encode_value(value.real, path, on_tensor),
-                encode_value(value.imag, path, on_tensor),
+                encode_value(value.real, path, on_tensor, depth),
+                encode_value(value.imag, path, on_tensor, depth),
             ]
         }
     raise UnsupportedValueError(path, value)
 
 
-def _encode_items(mapping: dict[Any, Any], path: str, on_tensor: TensorHook) -> list[Json]:
+def _encode_items(
+    mapping: dict[Any, Any], path: str, on_tensor: TensorHook, depth: int
+) -> list[Json]:
     items = []
     for k, v in mapping.items():
         if isinstance(k, torch.Tensor | np.ndarray | list | dict):
             raise UnsupportedValueError(join_path(path, "<key>"), k)
         items.append(
-            [encode_value(k, path, on_tensor), encode_value(v, join_path(path, k), on_tensor)]
+            [
+                encode_value(k, path, on_tensor, depth),
+                encode_value(v, join_path(path, k), on_tensor, depth),
+            ]
         )
     return items
 
 
-def decode_value(obj: Json, path: str, on_ref: RefHook) -> Any:
+def decode_value(obj: Json, path: str, on_ref: RefHook, depth: int = 0) -> Any:
     """Invert :func:`encode_value`; ``on_ref(tag, name)`` supplies tensors and arrays.
 
-    Raises ``ValueError`` (with the key path) on anything :func:`encode_value` cannot produce.
+    Raises ``ValueError`` (with the key path) on anything :func:`encode_value` cannot produce,
+    nesting deeper than ``MAX_DEPTH`` included.
     """
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
+    if depth > MAX_DEPTH:
+        raise ValueError(_too_deep(path))
+    depth += 1
     if isinstance(obj, list):
-        return [decode_value(v, join_path(path, i), on_ref) for i, v in enumerate(obj)]
+        return [decode_value(v, join_path(path, i), on_ref, depth) for i, v in enumerate(obj)]
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: {type(obj).__name__} is not a JSON value")
     tag = next(iter(obj), None)
     if not (isinstance(tag, str) and tag.startswith("$")):
-        return {k: decode_value(v, join_path(path, k), on_ref) for k, v in obj.items()}
+        return {k: decode_value(v, join_path(path, k), on_ref, depth) for k, v in obj.items()}
     if tag not in _TAGS:
         raise ValueError(f"{path}: unknown tag {tag!r}")
     body = obj[tag]
@@ -162,15 +188,16 @@ def decode_value(obj: Json, path: str, on_ref: RefHook) -> Any:
         return base64.b64decode(body, validate=True)
     if tag == "$tuple":
         _expect(isinstance(body, list) and len(obj) == 1, path, tag)
-        return tuple(decode_value(v, join_path(path, i), on_ref) for i, v in enumerate(body))
+        return tuple(decode_value(v, join_path(path, i), on_ref, depth) for i, v in enumerate(body))
     if tag == "$dict":
         _expect(len(obj) == 1, path, tag)
-        return dict(_decode_items(body, path, on_ref))
+        return dict(_decode_items(body, path, on_ref, depth))
     if tag == "$odict":
         _expect(set(obj) == {"$odict", "meta"}, path, tag)
-        result: OrderedDict[Any, Any] = OrderedDict(_decode_items(body, path, on_ref))
+        result: OrderedDict[Any, Any] = OrderedDict(_decode_items(body, path, on_ref, depth))
         if obj["meta"] is not None:
-            result._metadata = decode_value(obj["meta"], join_path(path, "_metadata"), on_ref)  # type: ignore[attr-defined]
+            meta = decode_value(obj["meta"], join_path(path, "_metadata"), on_ref, depth)
+            result._metadata = meta  # type: ignore[attr-defined]
         return result
     if tag == "$dtype":
         _expect(isinstance(body, str) and len(obj) == 1, path, tag)
@@ -188,13 +215,15 @@ def decode_value(obj: Json, path: str, on_ref: RefHook) -> Any:
         except TypeError:
             raise ValueError(f"{path or '<root>'}: unknown numpy dtype {body!r}") from None
         _expect(dtype.kind in "biufc", path, tag)
-        return dtype.type(decode_value(obj["value"], path, on_ref))
+        return dtype.type(decode_value(obj["value"], path, on_ref, depth))
     # "$complex"
     _expect(isinstance(body, list) and len(body) == 2 and len(obj) == 1, path, tag)
-    return complex(decode_value(body[0], path, on_ref), decode_value(body[1], path, on_ref))
+    return complex(
+        decode_value(body[0], path, on_ref, depth), decode_value(body[1], path, on_ref, depth)
+    )
 
 
-def _decode_items(body: Json, path: str, on_ref: RefHook) -> list[tuple[Any, Any]]:
+def _decode_items(body: Json, path: str, on_ref: RefHook, depth: int) -> list[tuple[Any, Any]]:
     _expect(
         isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body),
         path,
@@ -205,7 +234,7 @@ def _decode_items(body: Json, path: str, on_ref: RefHook) -> list[tuple[Any, Any
         if type(k_enc) is str:  # the common case, decoded inline: a module's state_dict
             key: Any = k_enc
         else:
-            key = decode_value(k_enc, path, on_ref)
+            key = decode_value(k_enc, path, on_ref, depth)
             try:
                 hash(key)
             except TypeError:
@@ -214,7 +243,7 @@ def _decode_items(body: Json, path: str, on_ref: RefHook) -> list[tuple[Any, Any
         if type(ref) is str:  # a tensor reference, as decode_value would resolve it
             items.append((key, on_ref("$tensor", ref)))
         else:
-            items.append((key, decode_value(v_enc, join_path(path, key), on_ref)))
+            items.append((key, decode_value(v_enc, join_path(path, key), on_ref, depth)))
     return items
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
@@ -15,10 +16,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from statekeeper.errors import StorageError, WriterConflictError
+from statekeeper.storage.files import check_name, open_regular, regular_size
 
-__all__ = ["LOCK_FILE", "LocalStorage"]
+__all__ = ["LOCK_FILE", "PARTIAL", "REMOVING", "REPLACED", "LocalStorage", "write_failure"]
 
 LOCK_FILE = ".statekeeper.lock"
+PARTIAL = ".partial-"
+"""Infix of an entry being written: ``<entry>.partial-<id>``."""
+REMOVING = ".removing-"
+"""Infix of an entry being deleted: ``<entry>.removing-<id>``."""
+REPLACED = ".replaced-"
+"""Infix of a committed entry that a ``replace`` commit swapped out."""
 _MAP_FROM = 1 << 20
 
 
@@ -56,6 +64,15 @@ def _start_writeback(fd: int, offset: int, n: int) -> None:
         _START(fd, offset, n)
 
 
+def write_failure(exc: OSError, doing: str) -> StorageError:
+    """A ``StorageError`` that keeps ``exc``'s errno and says what was being done."""
+    reason = exc.strerror or str(exc)
+    hint = ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "; free space on that file system (or save elsewhere)"
+    return StorageError(exc.errno, f"{doing} failed: {reason}{hint}")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -80,36 +97,49 @@ class _LocalFiles:
         self.write_chunks(name, (data,))
 
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
-        with open(self._path / name, "wb", buffering=0) as f:  # large writes: no extra copy
-            fd = f.fileno()
-            written = started = 0
-            for chunk in chunks:
-                view = memoryview(chunk).cast("B")
-                while view:
-                    n = f.write(view)
-                    view = view[n:]
-                    written += n
-                if WRITEBACK_EVERY and written - started >= WRITEBACK_EVERY:
-                    _start_writeback(fd, started, written - started)
-                    started = written
-            os.fsync(fd)
+        path = self._path / check_name(str(self._path), name)
+        written = 0
+        try:
+            with open(path, "wb", buffering=0) as f:  # large writes: no extra copy
+                fd = f.fileno()
+                started = 0
+                for chunk in chunks:
+                    view = memoryview(chunk).cast("B")
+                    while view:
+                        n = f.write(view)
+                        view = view[n:]
+                        written += n
+                    if WRITEBACK_EVERY and written - started >= WRITEBACK_EVERY:
+                        _start_writeback(fd, started, written - started)
+                        started = written
+                os.fsync(fd)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise write_failure(exc, f"writing {path} ({written} bytes of it written)") from exc
 
 
 class _LocalTransaction(_LocalFiles):
     def __init__(self, root: Path, final: str, replace: bool) -> None:
-        super().__init__(root, f"{final}.partial-{uuid.uuid4().hex[:12]}")
+        super().__init__(root, f"{final}{PARTIAL}{uuid.uuid4().hex[:12]}")
         self._final = final
         self._replace = replace
         self._done = False
-        root.mkdir(parents=True, exist_ok=True)
-        self._path.mkdir()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            self._path.mkdir()
+        except OSError as exc:
+            raise write_failure(exc, f"creating {self._path}") from exc
 
     def commit(self) -> None:
-        _fsync_dir(self._path)
+        try:
+            _fsync_dir(self._path)
+        except OSError as exc:
+            raise write_failure(exc, f"making {self._path} durable") from exc
         final = self._root / self._final
         old: Path | None = None
         if self._replace and final.exists():
-            old = self._root / f"{self._final}.replaced-{uuid.uuid4().hex[:12]}"
+            old = self._root / f"{self._final}{REPLACED}{uuid.uuid4().hex[:12]}"
             os.rename(final, old)
         try:
             os.rename(self._path, final)
@@ -147,12 +177,20 @@ class LocalStorage:
             return []
 
     def files(self, entry: str) -> list[str]:
-        return sorted(p.name for p in (self.root / entry).iterdir() if p.is_file())
+        """Regular files only (a link, FIFO or device is no file of a step)."""
+        with os.scandir(self.root / entry) as found:
+            return sorted(e.name for e in found if e.is_file(follow_symlinks=False))
+
+    def _path(self, entry: str, name: str) -> Path:
+        return self.root / entry / check_name(self.describe(entry), name)
 
     def read(self, entry: str, name: str) -> bytes | mmap.mmap:
         """Small files as bytes; large ones memory-mapped copy-on-write (writable, zero-copy:
-        tensors become views of the page cache, as safetensors' own loader does)."""
-        with open(self.root / entry / name, "rb", buffering=0) as f:
+        tensors become views of the page cache, as safetensors' own loader does).
+
+        Only a regular file named by one plain component is opened, never through a link
+        (:mod:`statekeeper.storage.files`)."""
+        with open(open_regular(self._path(entry, name)), "rb", buffering=0) as f:
             if os.fstat(f.fileno()).st_size < _MAP_FROM:
                 return f.read()
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -163,7 +201,7 @@ class LocalStorage:
         return mapped
 
     def size(self, entry: str, name: str) -> int:
-        return (self.root / entry / name).stat().st_size
+        return regular_size(self._path(entry, name))
 
     def begin(self, entry: str, *, replace: bool = False) -> _LocalTransaction:
         return _LocalTransaction(self.root, entry, replace)
@@ -175,7 +213,22 @@ class LocalStorage:
         return _LocalFiles(self.root, entry)
 
     def remove(self, entry: str) -> None:
-        shutil.rmtree(self.root / entry, ignore_errors=True)
+        """Atomic for readers: the entry is first renamed to ``<entry>.removing-<id>`` (a name
+        no listing reads; cleaned up as an interrupted save would be) and the rename made
+        durable, then its files go. A kill at any point leaves the entry whole or unlisted."""
+        path = self.root / entry
+        if any(infix in entry for infix in (PARTIAL, REMOVING, REPLACED)):
+            shutil.rmtree(path, ignore_errors=True)  # never listed as committed: no rename
+            return
+        doomed = self.root / f"{entry}{REMOVING}{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(exc.errno, f"could not remove {path}: {exc.strerror}") from exc
+        _fsync_dir(self.root)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:

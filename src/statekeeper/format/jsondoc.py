@@ -1,0 +1,60 @@
+"""Parsing JSON documents from checkpoints in bounded time, memory and stack.
+
+Every JSON document statekeeper reads (manifests, safetensors headers, index files) comes
+through :func:`parse_json`:
+
+- a size cap, checked by the caller before the bytes are read (``MAX_*`` below);
+- nesting: the C parser stops with ``RecursionError`` where Python's recursion limit would
+  be crossed; that becomes a ``ValueError`` like any other malformed document. Values that
+  statekeeper walks recursively afterwards (the state tree, metrics) carry an explicit depth
+  limit, :data:`MAX_DEPTH`, enforced on save as on load, so a document that parsed can never
+  exhaust the stack later either.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_HEADER_BYTES",
+    "MAX_INDEX_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "depth_problem",
+    "parse_json",
+]
+
+MAX_DEPTH = 100
+"""Deepest nesting of a state tree or of metrics (containers within containers)."""
+MAX_MANIFEST_BYTES = 1 << 30
+"""A manifest of 5 million tensors is about 500 MiB; a larger one is refused unread."""
+MAX_HEADER_BYTES = 100_000_000
+"""The safetensors reference implementation's own cap on a header."""
+MAX_INDEX_BYTES = 256 << 20
+"""A Hugging Face ``*.index.json``: a few MiB for the largest public models."""
+
+
+def parse_json(data: bytes | bytearray | str) -> Any:
+    """``json.loads``; ``ValueError`` for any malformed document, nesting too deep included."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
+
+
+def depth_problem(value: Any, limit: int = MAX_DEPTH) -> str | None:
+    """Why ``value`` nests deeper than ``limit`` containers, or None (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return f"nested deeper than {limit} levels"
+        stack.extend((child, depth + 1) for child in children)
+    return None

@@ -1,0 +1,220 @@
+"""Runs under pressure: deletions that are killed, readers racing retention, a full disk, and
+paths that are not run directories."""
+
+from __future__ import annotations
+
+import errno
+import random
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import assert_state_equal
+from tests.helpers.hostile import ENTRY, saved_run, small_state
+from tests.helpers.saver import state_for
+
+import statekeeper as sk
+from statekeeper.storage import local
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_retention_unlists_a_step_before_deleting_any_of_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill in the middle of a deletion leaves a name no listing reads, then is cleaned."""
+    run = saved_run(tmp_path, steps=(1,))
+    sk.save(run, small_state(2), step=2, shard_bytes=64)  # several files to delete
+
+    def killed_midway(path: Path, ignore_errors: bool = False) -> None:
+        next(p for p in Path(path).iterdir() if p.name.endswith(".safetensors")).unlink()
+        raise KeyboardInterrupt  # stands for the kill: the rest of the files stay
+
+    monkeypatch.setattr(local.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        sk.LocalStorage(run).remove("step_000000002")
+    monkeypatch.undo()
+    assert [i.step for i in sk.list_checkpoints(run)] == [1]
+    leftovers = [p.kind for p in sk.list_partial(run)]
+    assert leftovers == ["removing"]
+    with sk.Checkpointer(run) as ckpt:  # resume cleans the leftover like a partial save
+        live = small_state(0)
+        assert ckpt.restore_latest({"model": live["model"]}, strict=sk.Strict.PARTIAL) == 1
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [ENTRY]
+
+
+def test_sigkill_during_retention_never_leaves_a_listed_step_that_fails(tmp_path: Path) -> None:
+    """An async Checkpointer keeping one step, killed at random instants (2 of 10 such runs
+    left a listed, half-deleted step before deletions were made atomic)."""
+    rng = random.Random(77)
+    next_step = 0
+    for kill in range(10):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), "async",
+             "keep"],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.6))  # a random kill instant, not a timing assertion
+        child.kill()
+        child.wait()
+        infos = sk.list_checkpoints(tmp_path)
+        for info in infos:
+            assert info.error is None, f"kill {kill}: {info.error}"
+            saved = sk.read(tmp_path, step=info.step)
+            saved.pop("rng")
+            assert_state_equal(saved, state_for(info.step))
+        sk.remove_partial(tmp_path)
+        if infos:
+            next_step = infos[-1].step + 1
+    assert next_step > 5, "too few saves committed for the kills to mean anything"
+
+
+class _RetentionRacer(sk.LocalStorage):
+    """Deletes the step the moment a reader opens one of its files, as a writer's retention
+    would in another process."""
+
+    def __init__(self, root: Path, victim: str, file: str) -> None:
+        super().__init__(root)
+        self.victim, self.file = victim, file
+
+    def read(self, entry: str, name: str) -> Any:
+        if entry == self.victim and name == self.file:
+            self.remove(entry)
+        return super().read(entry, name)
+
+
+@pytest.mark.parametrize("file", ["manifest.json", "tensors-00000.safetensors"])
+def test_a_step_deleted_while_it_is_read_is_gone_not_damaged(tmp_path: Path, file: str) -> None:
+    run = tmp_path
+    with sk.Checkpointer(run) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, small_state(step))
+    racer = _RetentionRacer(run, "step_000000002", file)
+    live = small_state(5)
+    with pytest.raises(sk.StepNotFoundError, match="was deleted while it was being read"):
+        sk.load(racer, live, step=2)
+    racer = _RetentionRacer(run, "step_000000001", file)
+    with pytest.raises(sk.StepNotFoundError, match="step_000000001 was deleted while"):
+        sk.read(racer, step=1)
+
+
+def test_restore_latest_moves_past_a_step_deleted_while_it_is_read(tmp_path: Path) -> None:
+    run = tmp_path
+    with sk.Checkpointer(run) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, small_state(step))
+    expected = small_state(2)["model"].state_dict()
+    live = small_state(9)
+    racer = _RetentionRacer(run, "step_000000003", "manifest.json")
+    with (
+        pytest.warns(sk.StatekeeperWarning, match="skipping deleted step 3"),
+        sk.Checkpointer(racer) as ckpt,
+    ):
+        assert ckpt.restore_latest({"model": live["model"], "epoch": 0}) == 2
+    assert_state_equal(live["model"].state_dict(), expected)
+
+
+def test_a_listing_leaves_out_a_step_deleted_meanwhile(tmp_path: Path) -> None:
+    run = saved_run(tmp_path, steps=(1, 2))
+    racer = _RetentionRacer(run, "step_000000002", "manifest.json")
+    assert [(i.step, i.error) for i in sk.list_checkpoints(racer)] == [(1, None)]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs: a real file system that really runs out of space (needs root, as CI
+    and the developers' machines run)."""
+    mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"could not mount a small tmpfs: {done.stderr}"
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _big(seed: int) -> dict[str, Any]:
+    return {"w": torch.full((1024, 1024), float(seed))}  # 4 MiB: more than the disk holds
+
+
+@pytest.mark.parametrize("how", ["save", "checkpointer", "async"])
+def test_a_full_disk_is_a_storage_error_naming_run_step_file_and_bytes(
+    small_disk: Path, how: str
+) -> None:
+    run = small_disk / "run"
+    sk.save(run, {"w": torch.ones(16)}, step=1)
+
+    def save() -> None:
+        if how == "save":
+            sk.save(run, _big(2), step=2)
+            return
+        with sk.Checkpointer(run, async_save=how == "async") as ckpt:
+            ckpt.save(2, _big(2))
+
+    with pytest.raises(sk.StorageError) as caught:
+        save()
+    exc = caught.value
+    assert isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+    text = str(exc)
+    assert f"saving step 2 into {run} failed" in text
+    assert "tensors-00000.safetensors" in text and "step_000000002.partial-" in text
+    assert f"needs {4 * 1024 * 1024 + 128}" in text or "bytes for its tensor files" in text
+    assert "free space" in text
+    assert [i.step for i in sk.list_checkpoints(run)] == [1]
+    assert sk.list_partial(run) == []
+    assert torch.equal(sk.read(run)["w"], torch.ones(16))
+
+
+def test_load_of_a_file_or_a_missing_path_says_so(tmp_path: Path) -> None:
+    file = tmp_path / "model.pt"
+    torch.save({"w": torch.ones(2)}, file)
+    for call in (lambda: sk.load(file, {"w": torch.zeros(2)}), lambda: sk.Checkpointer(file)):
+        with pytest.raises(sk.StepNotFoundError, match="is a file, not a statekeeper run"):
+            call()
+    missing = tmp_path / "nope"
+    with pytest.raises(sk.StepNotFoundError, match="does not exist"):
+        sk.load(missing, {"w": torch.zeros(2)})
+    with pytest.raises(sk.StepNotFoundError, match="does not exist"):
+        sk.read(missing)
+    assert not missing.exists()  # looking did not create it
+
+
+def test_removing_a_step_twice_or_a_partial_is_quiet(tmp_path: Path) -> None:
+    run = saved_run(tmp_path)
+    storage = sk.LocalStorage(run)
+    storage.remove(ENTRY)
+    storage.remove(ENTRY)
+    (run / "step_000000002.partial-abc").mkdir()
+    storage.remove("step_000000002.partial-abc")
+    assert [p.name for p in run.iterdir()] == [".statekeeper.lock"] or list(run.iterdir()) == []
+
+
+def test_rmtree_is_not_used_on_a_committed_name(tmp_path: Path) -> None:
+    """The committed name is never passed to rmtree: it is renamed first."""
+    run = saved_run(tmp_path)
+    seen: list[str] = []
+    real = shutil.rmtree
+
+    def spy(path: Any, ignore_errors: bool = False) -> None:
+        seen.append(Path(path).name)
+        real(path, ignore_errors=ignore_errors)
+
+    local.shutil.rmtree = spy  # type: ignore[assignment]
+    try:
+        sk.LocalStorage(run).remove(ENTRY)
+    finally:
+        local.shutil.rmtree = real
+    assert len(seen) == 1 and seen[0].startswith(f"{ENTRY}.removing-")

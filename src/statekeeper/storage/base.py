@@ -12,6 +12,8 @@ A storage is rooted at one run directory holding *entries* (directories such as
    and makes the parent durable; ``txn.abort()`` removes the in-progress entry instead.
 
 Readers call ``entries()``, ``files(entry)``, ``read(entry, name)`` and ``size(entry, name)``.
+File names are single path components (:mod:`statekeeper.storage.files`); a backend opens
+only regular files and raises ``CorruptCheckpointError`` for anything else.
 ``remove(entry)`` deletes a whole entry (retention, clean-up).
 """
 
@@ -87,7 +89,12 @@ class Storage(Protocol):
         ...
 
     def remove(self, entry: str) -> None:
-        """Delete an entry and all its files (no error if it is already gone)."""
+        """Delete an entry and all its files (no error if it is already gone).
+
+        Atomic for readers: a committed entry stops being listed as committed before any of
+        its files go (local: renamed to ``<entry>.removing-<id>`` first; object stores: the
+        commit marker is removed first), so a kill mid-way never leaves a listed entry that
+        lacks files."""
         ...
 
     def writer_lock(self) -> AbstractContextManager[None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial
-from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load
+from statekeeper.checkpoint.load import StatekeeperWarning, Strict, check_assignable, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.policies import Retention, SavePolicy
 from statekeeper.checkpoint.save import capture, frozen_names
@@ -125,10 +125,13 @@ class Checkpointer:
     ) -> int | None:
         """Load the newest intact step into ``state``; the step, or None when there is none.
 
+        Plain values (the epoch, counters) are assigned into ``state``, as ``load`` does.
+
         Interrupted saves are removed first. A newest step that is damaged is skipped with a
         ``StatekeeperWarning`` (an older intact one is loaded); key mismatches are errors.
         """
         self._check_open()
+        check_assignable(state)
         self.wait()
         if self._leader:
             for partial in list_partial(self.storage):
@@ -152,6 +155,8 @@ class Checkpointer:
                     stacklevel=2,
                 )
                 continue
+            if isinstance(state, MutableMapping):  # plain values, as load assigns them
+                state.update(info.values)
             self._resumed_from = info.step
             self._last_save = self._clock()
             return info.step

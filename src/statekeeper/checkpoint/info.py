@@ -51,10 +51,10 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class RestoreInfo:
-    """What ``load`` restored: the step, where from, and plain values it could not set in place.
+    """What ``load`` restored: the step, where from, and the plain values it assigned.
 
     ``values`` holds the loaded value of every entry whose live object is immutable (an int,
-    a str, a tuple...): assign it back yourself, or wrap the entry in ``statekeeper.Value``.
+    a str, a tuple...); ``load`` has assigned each into the state mapping it was given.
     ``replaced`` names live tensors that overlapped themselves (``expand``) and were replaced.
     """
 

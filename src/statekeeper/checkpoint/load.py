@@ -128,6 +128,29 @@ def _replace_overlapping(name: str, module: torch.nn.Module, keys: set[str]) -> 
     return replaced
 
 
+def _is_plain(obj: Any) -> bool:
+    """Whether ``obj`` is a plain value that cannot be restored in place (an int, a str, a
+    tuple...): ``load`` assigns its saved value into the caller's mapping instead."""
+    return not (
+        isinstance(obj, torch.nn.Module | torch.Tensor | MutableMapping | list | RNGState)
+        or is_stateful_dataloader(obj)
+        or is_stateful(obj)
+    )
+
+
+def check_assignable(state: Mapping[str, Any]) -> None:
+    """``InvalidArgumentError`` when ``state`` holds plain values but cannot take them back."""
+    if isinstance(state, MutableMapping):
+        return
+    plain = sorted(name for name, obj in state.items() if _is_plain(obj))
+    if plain:
+        raise InvalidArgumentError(
+            f"the state holds plain values ({', '.join(plain)}) that load assigns back into "
+            f"the mapping, but it is a read-only {type(state).__name__}; pass a dict, or wrap "
+            "each plain value in statekeeper.Value (counter = sk.Value(0); counter.value)"
+        )
+
+
 def _apply(
     name: str,
     obj: Any,
@@ -183,6 +206,10 @@ def load(
 ) -> RestoreInfo:
     """Load a committed step (the newest unless ``step`` is given) into the live ``state``.
 
+    Objects are restored in place; plain values (ints, strings, tuples...) are assigned into
+    ``state`` itself (and returned in ``RestoreInfo.values``), so ``state`` must be a mutable
+    mapping when it holds any (or wrap them in ``statekeeper.Value``).
+
     Every file is read and verified, and every key, shape and dtype is checked, before the
     first ``load_state_dict`` is called: a damaged checkpoint or a mismatch leaves the live
     objects untouched. Optimizer state is matched to parameters by name; ``RNGState``
@@ -198,12 +225,17 @@ def load(
         raise InvalidArgumentError(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
         )
+    check_assignable(state)
     if is_distributed(scope):
         from statekeeper.distributed.load import load_distributed
 
-        return load_distributed(resolve_storage(directory), state, step=step, strict=strict)
-    with collector_paused():
-        return _load_local(locate(directory, step), state, strict, progress)
+        info = load_distributed(resolve_storage(directory), state, step=step, strict=strict)
+    else:
+        with collector_paused():
+            info = _load_local(locate(directory, step), state, strict, progress)
+    if isinstance(state, MutableMapping):  # plain values go back into the caller's mapping
+        state.update(info.values)
+    return info
 
 
 def _plan(

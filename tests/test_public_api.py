@@ -18,7 +18,7 @@ EXPECTED = {
     "CheckpointInfo", "CorruptCheckpointError", "InjectedFailure", "InvalidArgumentError",
     "KeyMismatchError", "LoadStateError", "LocalStorage", "MemoryStorage", "RestoreInfo",
     "StatekeeperError", "StatekeeperWarning", "Stateful", "StepExistsError", "StepNotFoundError",
-    "Storage", "StorageError", "Strict", "Transaction", "UnsupportedFormatError",
+    "OptimizerChange", "Storage", "StorageError", "Strict", "Transaction", "UnsupportedFormatError",
     "UnsupportedValueError", "Value", "WriterConflictError", "__version__", "average_checkpoints",
     "list_checkpoints", "list_partial", "load", "read", "remove_partial", "save",
     "DiffResult", "UnsafePickleError", "convert", "diff", "export",

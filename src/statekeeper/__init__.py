@@ -52,6 +52,7 @@ from statekeeper.errors import (
 from statekeeper.interop.convert import convert
 from statekeeper.interop.diff import DiffResult, diff
 from statekeeper.interop.export import export
+from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import Stateful, Value
 from statekeeper.storage.base import SharedStorage, Storage, Transaction
@@ -102,6 +103,7 @@ __all__ = [
     "StepNotFoundError",
     "Storage",
     "StorageError",
+    "OptimizerChange",
     "Strict",
     "Transaction",
     "UnsafePickleError",

@@ -36,6 +36,7 @@ from statekeeper.errors import (
     UnsupportedFormatError,
 )
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
+from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import Generator, RNGState
 
 __all__ = ["RNG_ENTRY", "Checkpointer"]
@@ -121,7 +122,11 @@ class Checkpointer:
         return {**state, RNG_ENTRY: self.rng}
 
     def restore_latest(
-        self, state: Mapping[str, Any], *, strict: Strict = Strict.EXACT
+        self,
+        state: Mapping[str, Any],
+        *,
+        strict: Strict = Strict.EXACT,
+        on_optimizer_change: OptimizerChange = OptimizerChange.REFUSE,
     ) -> int | None:
         """Load the newest intact step into ``state``; the step, or None when there is none.
 
@@ -139,7 +144,14 @@ class Checkpointer:
         full = self._with_rng(state)
         for parsed in reversed(committed(self.storage)):
             try:
-                info = load(self.storage, full, step=parsed.step, strict=strict, scope=self._scope)
+                info = load(
+                    self.storage,
+                    full,
+                    step=parsed.step,
+                    strict=strict,
+                    scope=self._scope,
+                    on_optimizer_change=on_optimizer_change,
+                )
             except (
                 CorruptCheckpointError,
                 UnsupportedFormatError,

@@ -20,7 +20,7 @@ from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadState
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.reading import read_foreign
 from statekeeper.state.modules import unwrap
-from statekeeper.state.optimizer import parameter_names, to_positional
+from statekeeper.state.optimizer import OptimizerChange, parameter_names, to_positional
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import is_stateful
 
@@ -203,8 +203,12 @@ def load(
     strict: Strict = Strict.EXACT,
     progress: Progress | None = None,
     scope: Scope = Scope.AUTO,
+    on_optimizer_change: OptimizerChange = OptimizerChange.REFUSE,
 ) -> RestoreInfo:
     """Load a committed step (the newest unless ``step`` is given) into the live ``state``.
+
+    An optimizer must be of the class it was saved from (and use the same hyper-parameter
+    names); ``on_optimizer_change=OptimizerChange.RESTART`` allows a deliberate switch.
 
     Objects are restored in place; plain values (ints, strings, tuples...) are assigned into
     ``state`` itself (and returned in ``RestoreInfo.values``), so ``state`` must be a mutable
@@ -221,6 +225,11 @@ def load(
     """
     if not isinstance(strict, Strict):
         raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {strict!r}")
+    if not isinstance(on_optimizer_change, OptimizerChange):
+        raise InvalidArgumentError(
+            "on_optimizer_change must be a statekeeper.OptimizerChange, got "
+            f"{on_optimizer_change!r}"
+        )
     if not isinstance(state, Mapping):
         raise InvalidArgumentError(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
@@ -232,14 +241,16 @@ def load(
         info = load_distributed(resolve_storage(directory), state, step=step, strict=strict)
     else:
         with collector_paused():
-            info = _load_local(locate(directory, step), state, strict, progress)
+            info = _load_local(
+                locate(directory, step), state, strict, progress, on_optimizer_change
+            )
     if isinstance(state, MutableMapping):  # plain values go back into the caller's mapping
         state.update(info.values)
     return info
 
 
 def _plan(
-    prepared: dict[str, Any], state: Mapping[str, Any], strict: Strict
+    prepared: dict[str, Any], state: Mapping[str, Any], strict: Strict, change: OptimizerChange
 ) -> tuple[dict[str, Any], set[str], list[str]]:
     """The state to load (optimizer state made positional), the modules that have a direct
     copy plan (whose keys, shapes and dtypes it already matched), and every mismatch."""
@@ -255,17 +266,21 @@ def _plan(
     names = parameter_names(state) if with_optimizer else {}
     for name, obj in state.items():
         if name in prepared and isinstance(obj, torch.optim.Optimizer):
-            prepared[name], mismatches = to_positional(name, prepared[name], obj, names)
+            prepared[name], mismatches = to_positional(name, prepared[name], obj, names, change)
             problems += mismatches
     return prepared, planned, problems
 
 
 def _load_local(
-    location: Location, state: Mapping[str, Any], strict: Strict, progress: Progress | None
+    location: Location,
+    state: Mapping[str, Any],
+    strict: Strict,
+    progress: Progress | None,
+    change: OptimizerChange,
 ) -> RestoreInfo:
     with PendingStep(location) as pending:
         try:  # checks and copy plans only inspect the state: they overlap the checksums
-            prepared, planned, problems = _plan(dict(pending.state), state, strict)
+            prepared, planned, problems = _plan(dict(pending.state), state, strict, change)
         except BaseException:
             pending.verify()  # a damaged file is reported before anything else
             raise

@@ -18,13 +18,21 @@ Only plain ``torch.optim.Optimizer`` state goes through here; sharded models use
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 import torch
 
 from statekeeper.state.modules import unwrap
 
-__all__ = ["is_named_state", "parameter_names", "to_named", "to_positional"]
+__all__ = [
+    "OptimizerChange",
+    "class_name",
+    "is_named_state",
+    "parameter_names",
+    "to_named",
+    "to_positional",
+]
 
 _MARK = "by_name"
 
@@ -69,10 +77,71 @@ def to_named(
     groups = [{**g, "params": sorted(by_index[i] for i in g["params"])} for g in sd["param_groups"]]
     return {
         _MARK: 1,
+        "class": class_name(optimizer),
         "state": dict(sorted((by_index[i], s) for i, s in sd["state"].items())),
         "param_groups": groups,
         "shapes": dict(sorted((by_index[i], list(p.shape)) for i, p in enumerate(params))),
     }
+
+
+class OptimizerChange(StrEnum):
+    """What ``load`` does when the checkpoint's optimizer is of another class than the live one.
+
+    - ``REFUSE`` (default): a mismatch error listing both classes, before anything is loaded.
+    - ``RESTART``: a deliberate switch (say AdamW to SGD). The live optimizer keeps its own
+      hyper-parameters and starts with empty per-parameter state (moments, momentum buffers
+      mean nothing to another algorithm); only each group's learning rate (``lr``, and
+      ``initial_lr`` which LR schedulers resume from) carries over from the checkpoint.
+    """
+
+    REFUSE = "refuse"
+    RESTART = "restart"
+
+
+def class_name(optimizer: torch.optim.Optimizer) -> str:
+    cls = type(optimizer)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_CARRIED = ("lr", "initial_lr")
+
+
+def _class_problems(
+    entry: str, saved: Mapping[str, Any], optimizer: torch.optim.Optimizer
+) -> list[str]:
+    """Why the saved state is of another optimizer: another class (recorded since it was
+    saved), or hyper-parameters the live optimizer does not have (older checkpoints)."""
+    live = class_name(optimizer)
+    if saved.get("class") not in (None, live):
+        return [f"{entry}: optimizer class {saved['class']} in the checkpoint, {live} live"]
+    problems = []
+    for gi, (sg, lg) in enumerate(zip(saved["param_groups"], optimizer.param_groups, strict=True)):
+        foreign = sorted(set(sg) - set(lg))
+        if foreign:
+            absent = sorted(set(lg) - set(sg))
+            problems.append(
+                f"{entry}: group {gi} of the checkpoint has hyper-parameter(s) "
+                f"{', '.join(foreign)} that the live {live} does not use"
+                + (f" (and lacks {', '.join(absent)})" if absent else "")
+                + "; it was saved by another optimizer class"
+            )
+    return problems
+
+
+_SWITCH_FIX = (
+    "build the optimizer the checkpoint was saved with, or pass "
+    "on_optimizer_change=OptimizerChange.RESTART to switch deliberately (the live optimizer's "
+    "state starts fresh; only the learning rates carry over)"
+)
+
+
+def _restarted(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The live optimizer's own state_dict with the saved learning rates."""
+    sd = optimizer.state_dict()
+    groups = []
+    for sg, lg in zip(saved["param_groups"], sd["param_groups"], strict=True):
+        groups.append({**lg, **{k: sg[k] for k in _CARRIED if k in sg}})
+    return {"state": {}, "param_groups": groups}
 
 
 def is_named_state(value: object) -> bool:
@@ -80,11 +149,17 @@ def is_named_state(value: object) -> bool:
 
 
 def to_positional(
-    entry: str, saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, names: Mapping[int, str]
+    entry: str,
+    saved: Mapping[str, Any],
+    optimizer: torch.optim.Optimizer,
+    names: Mapping[int, str],
+    change: OptimizerChange = OptimizerChange.REFUSE,
 ) -> tuple[dict[str, Any], list[str]]:
     """The positional state_dict for the live ``optimizer`` and the list of mismatches.
 
-    Pure: nothing is loaded. An empty mismatch list means the result is safe to load.
+    Pure: nothing is loaded. An empty mismatch list means the result is safe to load. The
+    optimizer's class (and its hyper-parameter names) must match unless ``change`` is
+    ``RESTART``.
     """
     problems: list[str] = []
     if not is_named_state(saved):
@@ -96,6 +171,11 @@ def to_positional(
             f"{entry}: {len(saved_groups)} param group(s) in checkpoint, {len(live_groups)} live"
         )
         return {}, problems
+    switched = _class_problems(entry, saved, optimizer)
+    if switched:
+        if change is OptimizerChange.RESTART:
+            return _restarted(saved, optimizer), []
+        return {}, [f"{switched[0]}; {_SWITCH_FIX}", *switched[1:]]
     shapes = dict(saved["shapes"])
     state: dict[int, Any] = {}
     groups = []

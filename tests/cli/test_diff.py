@@ -80,4 +80,4 @@ def test_errors(invoke: Invoke, tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "refused to load this pickle file" in result.stderr and "builtins.print" in result.stderr
     result = invoke("diff", tmp_path / "missing-run", evil)
-    assert result.exit_code == 2 and "no committed checkpoint" in result.stderr
+    assert result.exit_code == 2 and "does not exist" in result.stderr

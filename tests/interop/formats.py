@@ -146,3 +146,108 @@ def accelerate_folder(folder: Path, seed: int = 0) -> tuple[Path, dict[str, Any]
         "scheduler": sched.state_dict(),
     }
     return folder, expected
+
+
+# ---------------------------------------------------------------- hostile torch.save files
+# Crafted the way an attacker would: a real torch.save archive whose pickle or records are
+# replaced. Used by test_hostile_foreign.py.
+
+TIB4 = 4 << 40
+"""4 TiB, in bytes."""
+
+
+def _zip_bytes(obj: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def rezip(obj: Any, *, pickle: bytes | None = None, deflate: bool = False) -> bytes:
+    """``torch.save(obj)`` with its ``data.pkl`` replaced by ``pickle`` and, with
+    ``deflate``, every entry compressed (which ``torch.save`` never does)."""
+    import io
+    import zipfile
+
+    source = zipfile.ZipFile(io.BytesIO(_zip_bytes(obj)))
+    out = io.BytesIO()
+    method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
+    with zipfile.ZipFile(out, "w") as archive:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            if pickle is not None and info.filename.endswith("/data.pkl"):
+                data = pickle
+            archive.writestr(info.filename, data, compress_type=method)
+    return out.getvalue()
+
+
+def compressed_item(obj: Any) -> bytes:
+    return rezip(obj, deflate=True)
+
+
+def _claiming_pickle(numel: int, stride: int, storage_numel: int, legacy: bool) -> bytes:
+    """The pickle of ``{"w": tensor}`` whose FloatStorage claims ``storage_numel`` elements
+    and whose tensor claims ``numel`` elements with ``stride``."""
+    import collections
+    import io
+    import pickle
+
+    class Ref:
+        pass
+
+    ref = Ref()
+
+    class Tensor:
+        def __reduce__(self) -> tuple[Any, ...]:
+            args = (ref, 0, (numel,), (stride,), False, collections.OrderedDict())
+            return (torch._utils._rebuild_tensor_v2, args)
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if obj is not ref:
+                return None
+            pid = ("storage", torch.FloatStorage, "0", "cpu", storage_numel)
+            return (*pid, None) if legacy else pid
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=2).dump({"w": Tensor()})
+    return buffer.getvalue()
+
+
+def stride0_pt(path: Path, nbytes: int = TIB4) -> Path:
+    """A zip torch.save file holding one float of data viewed with stride 0 as ``nbytes``."""
+    path.write_bytes(rezip({"w": torch.ones(1)}, pickle=_claiming_pickle(nbytes // 4, 0, 1, False)))
+    return path
+
+
+def legacy_claiming(path: Path, nbytes: int) -> Path:
+    """A legacy (pre-1.6) torch.save file whose one storage claims ``nbytes`` but holds 4."""
+    import io
+    import pickle
+    import struct
+
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(1)}, buffer, _use_new_zipfile_serialization=False)
+    buffer.seek(0)
+    for _ in range(3):  # magic number, protocol, system info
+        pickle.load(buffer)
+    head = buffer.getvalue()[: buffer.tell()]
+    body = _claiming_pickle(nbytes // 4, 1, nbytes // 4, True)
+    keys = pickle.dumps(["0"], protocol=2)
+    path.write_bytes(head + body + keys + struct.pack("<q", 1) + b"\0" * 4)
+    return path
+
+
+def deep_list_pt(path: Path, depth: int) -> Path:
+    """A zip torch.save file whose object is ``depth`` nested lists."""
+    data = b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
+    path.write_bytes(rezip({}, pickle=data))
+    return path
+
+
+def deep_tuple_pt(path: Path, depth: int) -> Path:
+    """A zip torch.save file whose dict has a key of ``depth`` nested tuples."""
+    data = b"\x80\x02}" + b")" + b"\x85" * depth + b"K\x01s."
+    path.write_bytes(rezip({}, pickle=data))
+    return path

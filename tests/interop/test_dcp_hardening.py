@@ -231,15 +231,13 @@ def test_data_files_outside_the_folder_are_refused(tmp_path: Path) -> None:
     shutil.copyfile(data, outside)  # a file that would read back fine
     link = folder / "link.distcp"
     link.symlink_to(outside)
-    for relative in ("../outside.distcp", str(outside), "link.distcp", "/etc/hostname"):
-        point_items_to(folder, md, relative)
-        with pytest.raises(sk.CorruptCheckpointError, match="outside the checkpoint folder"):
+    for relative in ("../outside.distcp", str(outside), "/etc/hostname", f"sub/../{data.name}"):
+        point_items_to(folder, md, relative)  # a name must be one plain path component
+        with pytest.raises(sk.CorruptCheckpointError, match="is not one path component"):
             read_dcp(folder)
-    inside = folder / "sub" / data.name
-    inside.parent.mkdir()
-    shutil.copyfile(data, inside)
-    point_items_to(folder, md, f"sub/../sub/{data.name}")  # `..` that stays inside is fine
-    assert torch.equal(read_dcp(folder)["w"], torch.arange(6.0).reshape(2, 3))
+    point_items_to(folder, md, "link.distcp")
+    with pytest.raises(sk.CorruptCheckpointError, match="outside the checkpoint folder"):
+        read_dcp(folder)
 
 
 def test_negative_item_offset_is_corruption(tmp_path: Path) -> None:

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any, BinaryIO
 
 import torch
-from safetensors import safe_open
 
 from statekeeper.checkpoint.location import Location
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
 from statekeeper.format.checksum import matches
 from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.format.safetensors_io import parse
 from statekeeper.format.sharding import assemble
 from statekeeper.format.tensors import dtype_name
+from statekeeper.storage.files import check_name, open_regular
 from statekeeper.storage.local import LocalStorage
 
 __all__ = ["Shards", "file_of"]
+
+_ABSENT = torch.empty(0)
 
 
 def file_of(manifest: Manifest, name: str) -> str:
@@ -30,16 +32,22 @@ def file_of(manifest: Manifest, name: str) -> str:
     return manifest.tensors[name].file
 
 
-def _matches(f: BinaryIO, expected: str) -> bool:
+def _matches(fd: int, size: int, expected: str) -> bool:
     """``checksum.matches`` over a file mapped into memory, never read into the heap."""
-    if os.fstat(f.fileno()).st_size == 0:
+    if size == 0:
         return matches(b"", expected)
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
         return matches(view, expected)
 
 
 class Shards:
-    """Tensors of one checkpoint, one at a time; a shard is verified before its first use."""
+    """Tensors of one checkpoint, one at a time; a shard is verified before its first use.
+
+    A shard is opened as statekeeper opens every file of its own steps: a regular file, not
+    a link (:func:`~statekeeper.storage.files.open_regular`), its size compared with the
+    manifest's before a byte is read, then mapped copy-on-write and parsed by
+    :func:`~statekeeper.format.safetensors_io.parse` (tensors are views of the map).
+    """
 
     def __init__(self, location: Location, manifest: Manifest) -> None:
         storage = location.storage
@@ -48,28 +56,35 @@ class Shards:
         self._dir = storage.root / location.entry
         self._manifest = manifest
         self._file: str | None = None
-        self._handle: Any = None
+        self._tensors: dict[str, torch.Tensor] = {}
         self._verified: set[str] = set()  # checksummed once, however often reopened
 
     def _open(self, file: str) -> None:
-        """Check ``file``'s size and checksum against the manifest (once), then open it."""
+        """Check ``file``'s size and checksum against the manifest (once), then map it."""
         self.close()
+        check_name(str(self._dir / MANIFEST), file)
         path, record = str(self._dir / file), self._manifest.files.get(file)
+        if record is None:
+            raise CorruptCheckpointError(path, "size or checksum mismatch (no record)")
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                ok = file in self._verified or (
-                    record is not None and size == record.size and _matches(f, record.checksum)
-                )
+            fd = open_regular(path)
         except FileNotFoundError:
             raise CorruptCheckpointError(path, "file listed in the manifest is missing") from None
-        if not ok:
-            expected = f"{record.size} bytes, {record.checksum}" if record else "no record"
-            raise CorruptCheckpointError(path, f"size or checksum mismatch ({expected})")
+        try:
+            size = os.fstat(fd).st_size
+            ok = size == record.size and (
+                file in self._verified or _matches(fd, size, record.checksum)
+            )
+            if not ok:
+                problem = f"size or checksum mismatch ({record.size} bytes, {record.checksum})"
+                raise CorruptCheckpointError(path, problem)
+            data = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else b""
+        finally:
+            os.close(fd)
         self._verified.add(file)
         try:
-            self._handle = safe_open(path, framework="pt")
-        except Exception as exc:  # safetensors raises its own SafetensorError
+            self._tensors = parse(data)
+        except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
             raise CorruptCheckpointError(path, f"not a valid safetensors file ({exc})") from None
         self._file = file
 
@@ -87,16 +102,12 @@ class Shards:
         record = self._manifest.tensors[name]
         if record.file != self._file:
             self._open(record.file)
-        try:
-            t: torch.Tensor = self._handle.get_tensor(name)
-        except Exception:  # absent from the shard: reported below
-            t = torch.empty(0)
+        t = self._tensors.get(name, _ABSENT)
         if dtype_name(t.dtype) != record.dtype or tuple(t.shape) != record.shape:
             problem = f"tensor {name!r} is missing or differs from the manifest"
             raise CorruptCheckpointError(str(self._dir / record.file), problem)
         return t
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.__exit__(None, None, None)
-        self._handle, self._file = None, None
+        """Drop this reader's views of the current shard (tensors handed out stay valid)."""
+        self._tensors, self._file = {}, None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from statekeeper.errors import CorruptCheckpointError
+from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.pickled import load_torch_file, numpy_globals
 from statekeeper.interop.safetensors_files import read_index, read_safetensors
 
@@ -38,17 +39,24 @@ def _entry(name: str) -> str:
     return name
 
 
+def _shard_of(name: str, prefixes: set[str]) -> bool:
+    """Whether ``name`` is ``<prefix>-...`` for one of ``prefixes`` (linear in its length)."""
+    return any(name[:i] in prefixes for i, c in enumerate(name) if c == "-")
+
+
 def accelerate_files(folder: Path) -> dict[str, Path]:
-    """Entry name -> file, for every checkpoint file of the folder (shards via their index)."""
-    names = sorted(p.name for p in folder.iterdir() if p.is_file())
-    sharded: set[str] = set()
-    for name in names:
-        if name.endswith(".index.json"):
-            prefix = name.split(".", 1)[0]
-            sharded |= {n for n in names if n.startswith(prefix + "-") and n != name}
+    """Entry name -> file, for every checkpoint file of the folder (shards via their index).
+
+    Every name but a directory's counts, whatever it is: a FIFO or a link to a device is
+    refused when it is opened, never skipped (which would drop an entry silently).
+    """
+    names = sorted(p.name for p in folder.iterdir() if not p.is_dir())
+    prefixes = {n.split(".", 1)[0] for n in names if n.endswith(".index.json")}
     out: dict[str, Path] = {}
     for name in names:
-        if name in sharded or not name.endswith(_SUFFIXES):
+        if not name.endswith(_SUFFIXES):
+            continue
+        if not name.endswith(".index.json") and _shard_of(name, prefixes):
             continue
         entry = _entry(name)
         if entry in out:
@@ -63,7 +71,8 @@ def read_accelerate(path: str | Path, progress: Progress | None = None) -> dict[
     """``{"model": {...}, "optimizer": {...}, "scheduler": {...}, "random_states_0": ...}``."""
     folder = Path(path)
     files = accelerate_files(folder)
-    total = sum(p.stat().st_size for p in files.values())
+    sizes = {entry: size_of(file) for entry, file in files.items()}
+    total = sum(sizes.values())
     done = 0
     state: dict[str, Any] = {}
     for entry, file in files.items():
@@ -75,7 +84,7 @@ def read_accelerate(path: str | Path, progress: Progress | None = None) -> dict[
             state[entry] = load_torch_file(file, allow=numpy_globals())
         else:
             state[entry] = load_torch_file(file)
-        done += file.stat().st_size
+        done += sizes[entry]
         if progress is not None:
             progress(done, total)
     return state

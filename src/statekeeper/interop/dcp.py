@@ -6,27 +6,35 @@ the DCP metadata dataclasses, torch dtypes/sizes/layouts and ``pathlib`` paths. 
 in the ``__<rank>_<n>.distcp`` files is a ``torch.save`` payload read with
 ``weights_only=True``. Chunks of sharded tensors are assembled into one CPU tensor; the
 nested structure comes back from the planner's key mapping as DCP itself rebuilds it.
+
+Everything the metadata claims is checked against the folder first
+(:mod:`statekeeper.interop.dcp_plan`): data file names are plain names of files in the
+folder (links are followed, to regular files only), items lie inside their files, and no
+tensor is allocated beyond the bytes the data files really hold.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import pathlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
-from statekeeper.errors import CorruptCheckpointError, UnsafePickleError, UnsupportedFormatError
-from statekeeper.format.sharding import tiling_problem
+from statekeeper.errors import CorruptCheckpointError, UnsafePickleError
+from statekeeper.interop.dcp_plan import METADATA, BytesEntry, Item, TensorEntry, plan_dcp
+from statekeeper.interop.foreign_files import open_file, read_capped
 from statekeeper.interop.opcodes import DisallowedAttribute, DisallowedGlobal, restricted_load
 from statekeeper.interop.pickled import load_torch_bytes
 
 __all__ = ["read_dcp", "read_dcp_metadata"]
 
 Progress = Callable[[int, int], None]
-METADATA = ".metadata"
+MAX_METADATA_BYTES = 256 << 20
+"""A ``.metadata`` larger than this is refused unread (a few MiB for the largest models)."""
 
 
 def _allowlist() -> dict[str, object]:
@@ -58,12 +66,13 @@ def read_dcp_metadata(folder: Path) -> Any:
 
     ``UnsafePickleError`` when the pickle asks for anything outside the allowlist (or to set
     a dunder attribute); ``CorruptCheckpointError`` for anything else that goes wrong while
-    building it, including errors the allowlisted constructors themselves raise.
+    building it, including errors the allowlisted constructors themselves raise, and for a
+    file that is not regular or larger than :data:`MAX_METADATA_BYTES` (refused unread).
     """
     from torch.distributed.checkpoint.metadata import Metadata
 
     path = folder / METADATA
-    data = path.read_bytes()
+    data = read_capped(path, MAX_METADATA_BYTES, "DCP metadata")
     try:
         md = restricted_load(data, _allowlist())
     except DisallowedAttribute as exc:
@@ -78,131 +87,105 @@ def read_dcp_metadata(folder: Path) -> Any:
     return md
 
 
-def _set(root: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
-    """Place ``value`` at ``path``, creating dicts for str keys and lists for int keys (as
-    DCP's own ``set_element`` does)."""
-    container: Any = root
-    for key, child in itertools.pairwise(path):
-        default: Any = {} if isinstance(child, str) else []
+class _Placer:
+    """Places values at key paths, creating dicts for str keys and lists for int keys (as
+    DCP's own ``set_element`` does). The ``None`` gaps that list indices open are bounded
+    in all by ``gaps``; ``ValueError`` when a path runs into a value or past that bound, or
+    when two values would go to the same place."""
+
+    def __init__(self, gaps: int) -> None:
+        self.root: dict[Any, Any] = {}
+        self.gaps = gaps
+
+    def _slot(self, container: Any, key: Any) -> None:
         if isinstance(container, dict):
-            container = container.setdefault(key, default)
-        else:
-            while len(container) <= key:
-                container.append(None)
-            if container[key] is None:
-                container[key] = default
+            return
+        if not isinstance(container, list) or type(key) is not int:
+            raise ValueError(f"key {key!r} leads into a value that is not a container")
+        missing = key + 1 - len(container)
+        if missing > self.gaps:
+            raise ValueError(f"list index {key} leaves more gaps than there are entries")
+        if missing > 0:
+            self.gaps -= missing
+            container.extend([None] * missing)
+
+    def place(self, path: tuple[Any, ...], value: Any) -> None:
+        container: Any = self.root
+        for key, child in itertools.pairwise(path):
+            self._slot(container, key)
+            fresh = key not in container if isinstance(container, dict) else container[key] is None
+            if fresh:
+                container[key] = {} if isinstance(child, str) else []
             container = container[key]
-    last = path[-1]
-    if isinstance(container, dict):
+        last = path[-1]
+        self._slot(container, last)
+        taken = last in container if isinstance(container, dict) else container[last] is not None
+        if taken:
+            raise ValueError("two entries have this key path")
         container[last] = value
-    else:
-        while len(container) <= last:
-            container.append(None)
-        container[last] = value
 
 
-def _data_file(folder: Path, relative: object) -> Path:
-    """``folder / relative``, which must lie inside ``folder`` (no absolute paths, no ``..``
-    or symlinks leading out of it)."""
-    if not isinstance(relative, str) or not relative:
-        raise CorruptCheckpointError(
-            str(folder / METADATA), f"data file name {relative!r} is not a file name"
-        )
-    file = folder / relative
-    if not file.resolve().is_relative_to(folder.resolve()):
-        raise CorruptCheckpointError(
-            str(folder / METADATA),
-            f"data file {relative!r} lies outside the checkpoint folder {str(folder)!r}",
-        )
-    return file
+def _read_item(folder: Path, item: Item, fqn: str, handles: dict[str, IO[bytes]]) -> Any:
+    file = folder / item.file
+    if item.file not in handles:
+        handles[item.file] = os.fdopen(open_file(file, METADATA), "rb")
+    f = handles[item.file]
+    f.seek(item.offset)
+    data = f.read(item.length)
+    if len(data) != item.length:
+        raise CorruptCheckpointError(str(file), f"truncated: item {fqn} runs past the end")
+    return load_torch_bytes(data, f"{file} (item {fqn})")
 
 
-def _check_tiling(where: str, fqn: str, shape: tuple[int, ...], chunks: list[Any]) -> None:
-    """``CorruptCheckpointError`` unless the chunks lie inside ``shape``, do not overlap and
-    cover every element (the rules statekeeper's own sharded steps follow)."""
-    if any(type(n) is not int or n < 0 for n in shape):
-        raise CorruptCheckpointError(where, f"tensor {fqn!r} has an invalid size {shape}")
-    boxes = [(tuple(c.offsets), tuple(c.sizes)) for c in chunks]
-    problem = tiling_problem(tuple(shape), boxes)
-    if problem is not None:
-        raise CorruptCheckpointError(where, f"the chunks of tensor {fqn!r} {problem}")
-
-
-def _read_item(folder: Path, info: Any, where: str, handles: dict[str, Any]) -> Any:
-    file = _data_file(folder, info.relative_path)
-    if getattr(info, "transform_descriptors", None):
-        raise UnsupportedFormatError(str(file), info.transform_descriptors, ["no transforms"])
-    offset, length = int(info.offset), int(info.length)
-    if offset < 0 or length < 0:
-        raise CorruptCheckpointError(
-            str(folder / METADATA), f"item {where} has a negative offset or length"
-        )
-    if info.relative_path not in handles:
-        if not file.is_file():
-            raise CorruptCheckpointError(str(file), "DCP data file listed in .metadata is missing")
-        handles[info.relative_path] = open(file, "rb")  # noqa: SIM115 - closed by the caller
-    f = handles[info.relative_path]
-    f.seek(offset)
-    data = f.read(length)
-    if len(data) != length:
-        raise CorruptCheckpointError(str(file), f"truncated: item {where} runs past the end")
-    return load_torch_bytes(data, f"{file} (item {where})")
+def _tensor(folder: Path, entry: TensorEntry, handles: dict[str, IO[bytes]]) -> torch.Tensor:
+    """The tensor of ``entry``, assembled from its (checked) chunks."""
+    tensor = torch.empty(entry.shape, dtype=entry.dtype)
+    for chunk in entry.chunks:
+        part = _read_item(folder, chunk.item, entry.fqn, handles)
+        target = tensor
+        for dim, (o, s) in enumerate(zip(chunk.offsets, chunk.sizes, strict=True)):
+            target = target.narrow(dim, o, s)
+        if (
+            not isinstance(part, torch.Tensor)
+            or part.shape != target.shape
+            or part.dtype != entry.dtype
+        ):
+            raise CorruptCheckpointError(
+                str(folder / chunk.item.file),
+                f"chunk of {entry.fqn!r} has the wrong shape or dtype",
+            )
+        target.copy_(part)
+    return tensor
 
 
 def read_dcp(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
     """The whole state of a DCP folder, tensors on the CPU."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     folder = Path(path)
-    md = read_dcp_metadata(folder)
-    storage: dict[tuple[str, tuple[int, ...] | None], Any] = {}
-    for index, info in dict(md.storage_data).items():
-        offset = None if index.offset is None else tuple(index.offset)
-        storage[(index.fqn, offset)] = info
+    plan = plan_dcp(folder, read_dcp_metadata(folder))
     flat: dict[str, Any] = {}
-    handles: dict[str, Any] = {}
-    items = dict(md.state_dict_metadata)
-    total = sum(int(info.length) for info in storage.values())
+    handles: dict[str, IO[bytes]] = {}
     done = 0
     try:
-        for fqn, item in items.items():
-            if isinstance(item, TensorStorageMetadata):
-                shape = tuple(item.size)
-                _check_tiling(str(folder / METADATA), fqn, shape, list(item.chunks))
-                tensor = torch.empty(shape, dtype=item.properties.dtype)
-                for chunk in item.chunks:
-                    info = storage.get((fqn, tuple(chunk.offsets)))
-                    if info is None:
-                        raise CorruptCheckpointError(
-                            str(folder / METADATA), f"no data for a chunk of {fqn!r}"
-                        )
-                    part = _read_item(folder, info, fqn, handles)
-                    target = tensor
-                    for dim, (o, s) in enumerate(zip(chunk.offsets, chunk.sizes, strict=True)):
-                        target = target.narrow(dim, o, s)
-                    if not isinstance(part, torch.Tensor) or part.shape != target.shape:
-                        raise CorruptCheckpointError(
-                            str(_data_file(folder, info.relative_path)),
-                            f"chunk of {fqn!r} has wrong shape",
-                        )
-                    target.copy_(part)
-                    done += int(info.length)
-                flat[fqn] = tensor
+        for entry in plan.entries:
+            if isinstance(entry, BytesEntry):
+                flat[entry.fqn] = _read_item(folder, entry.item, entry.fqn, handles)
+                done += entry.item.length
             else:
-                info = storage.get((fqn, None))
-                if info is None:
-                    raise CorruptCheckpointError(str(folder / METADATA), f"no data for {fqn!r}")
-                flat[fqn] = _read_item(folder, info, fqn, handles)
-                done += int(info.length)
+                flat[entry.fqn] = _tensor(folder, entry, handles)
+                done += sum(c.item.length for c in entry.chunks)
             if progress is not None:
-                progress(done, total)
+                progress(done, plan.total)
     finally:
         for handle in handles.values():
             handle.close()
-    mapping = md.planner_data
-    if not isinstance(mapping, Mapping) or not mapping:
+    if not plan.paths:
         return flat
-    state: dict[Any, Any] = {}
-    for fqn, value in flat.items():
-        _set(state, tuple(mapping.get(fqn, (fqn,))), value)
-    return state
+    placer = _Placer(gaps=len(flat) + 1024)
+    try:
+        for fqn, value in flat.items():
+            placer.place(plan.paths[fqn], value)
+    except ValueError as exc:
+        raise CorruptCheckpointError(
+            str(folder / METADATA), f"the planner's key path for {fqn!r} is malformed: {exc}"
+        ) from None
+    return placer.root

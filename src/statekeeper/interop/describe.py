@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,9 @@ import torch
 
 from statekeeper.interop.accelerate import accelerate_files
 from statekeeper.interop.detect import Format
+from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.reading import read_foreign
-from statekeeper.interop.safetensors_files import hf_files, tie_plan
+from statekeeper.interop.safetensors_files import hf_files, tie_plan, weight_map
 from statekeeper.interop.tree import flat_leaves
 
 __all__ = ["Description", "FileRow", "TensorInfo", "ValueInfo", "describe", "list_files"]
@@ -56,12 +56,17 @@ class Description:
 
 
 def _index_files(index: Path) -> list[Path]:
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        names = list(dict.fromkeys(str(v) for v in dict(weight_map).values()))
-    except (ValueError, TypeError, AttributeError):
-        names = []
+    names = dict.fromkeys(weight_map(index).values())  # checked: plain names beside the index
     return [index, *(index.parent / n for n in names)]
+
+
+def _size(path: Path) -> int:
+    """The size of a regular file (links followed); 0 when it is missing. Anything else (a
+    FIFO, a device) is a ``CorruptCheckpointError``: it is never opened."""
+    try:
+        return size_of(path)
+    except FileNotFoundError:
+        return 0
 
 
 def list_files(path: str, fmt: Format) -> list[FileRow]:
@@ -76,7 +81,7 @@ def list_files(path: str, fmt: Format) -> list[FileRow]:
             files = _index_files(file) if file.name.endswith(".index.json") else [file]
             rows += [(f, entry) for f in files]
     elif fmt is Format.HUGGINGFACE:
-        for file in [p] if p.is_file() else hf_files(p):
+        for file in hf_files(p) if p.is_dir() else [p]:
             if file.name.endswith(".index.json"):
                 found = _index_files(file)
                 rows += [(found[0], "index"), *((f, "weights") for f in found[1:])]
@@ -86,8 +91,7 @@ def list_files(path: str, fmt: Format) -> list[FileRow]:
         rows = [(p, str(fmt))]
     base = p if p.is_dir() else p.parent
     return [
-        FileRow(str(f.relative_to(base)) if f.is_relative_to(base) else str(f),
-                f.stat().st_size if f.is_file() else 0, role)
+        FileRow(str(f.relative_to(base)) if f.is_relative_to(base) else str(f), _size(f), role)
         for f, role in rows
     ]  # fmt: skip
 

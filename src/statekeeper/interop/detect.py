@@ -10,6 +10,7 @@ from pathlib import Path
 from statekeeper.checkpoint.naming import EntryKind, parse_entry
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
 from statekeeper.format.manifest import MANIFEST
+from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.pickled import is_torch_file
 
 __all__ = ["ACCELERATE_FILES", "Format", "detect", "foreign_format", "is_accelerate_file"]
@@ -41,7 +42,12 @@ def is_accelerate_file(name: str) -> bool:
 
 
 def _is_statekeeper_dir(path: Path) -> bool:
-    if (path / MANIFEST).is_file():
+    """A step (a ``manifest.json`` of any kind, so that a FIFO or a link in its place is
+    refused by statekeeper's own reader, or a committed step's name) or a run directory."""
+    if os.path.lexists(path / MANIFEST):
+        return True
+    parsed = parse_entry(path.resolve().name)
+    if parsed is not None and parsed.kind is EntryKind.COMMITTED:
         return True
     for child in path.iterdir():
         parsed = parse_entry(child.name)
@@ -83,13 +89,18 @@ def _detect_file(path: Path) -> Format:
 
 
 def detect(path: str | os.PathLike[str]) -> Format | None:
-    """The format of a local ``path``; None for a directory that holds none of them."""
+    """The format of a local ``path``; None for a directory that holds none of them.
+
+    A path that is neither a directory nor (through links) a regular file, such as a FIFO
+    or a device, is a ``CorruptCheckpointError``; nothing is opened before that is known.
+    """
     p = Path(path)
     if p.is_dir():
         return _detect_dir(p)
-    if p.is_file():
-        return _detect_file(p)
-    raise FileNotFoundError(f"{p}: no such file or directory")
+    if not os.path.lexists(p):
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    size_of(p)  # refuses what is not a regular file (a broken link: FileNotFoundError)
+    return _detect_file(p)
 
 
 def foreign_format(target: object) -> tuple[str, Format] | None:

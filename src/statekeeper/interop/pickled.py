@@ -3,22 +3,29 @@
 A file that needs anything more is refused with :class:`UnsafePickleError`, which lists the
 globals the file asks for. They are found by disassembling the pickle (see
 :mod:`statekeeper.interop.opcodes`), never by running it. A file that is not a complete
-``torch.save`` file (truncated, damaged) is a :class:`CorruptCheckpointError` naming it.
+``torch.save`` file (truncated, damaged) is a :class:`CorruptCheckpointError` naming it, and
+so is one that claims more than it holds (see :mod:`statekeeper.interop.torch_checks`: zip
+entries, legacy storages, nesting, views). Files are opened as regular files only
+(:mod:`statekeeper.interop.foreign_files`).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
 import torch
 
 from statekeeper.errors import CorruptCheckpointError, UnsafePickleError
+from statekeeper.format.jsondoc import MAX_DEPTH
+from statekeeper.interop.foreign_files import open_file
 from statekeeper.interop.opcodes import scan_stream
+from statekeeper.interop.torch_checks import check_legacy, check_zip, loaded_problem, tuple_depth
 
 __all__ = ["ZIP_MAGIC", "is_torch_file", "load_torch_bytes", "load_torch_file", "numpy_globals"]
 
@@ -27,7 +34,7 @@ _PICKLE_MAGIC = b"\x80"  # PROTO: the legacy torch.save format starts with a pic
 
 
 def _head(path: Path) -> bytes:
-    with open(path, "rb") as f:
+    with os.fdopen(open_file(path), "rb") as f:
         return f.read(4)
 
 
@@ -54,30 +61,36 @@ def numpy_globals() -> list[Any]:
 def _pickle_globals(source: Path | bytes) -> tuple[list[str], str | None]:
     """Every global the file's pickles name (static: nothing is run), and why the scan
     stopped early (None when it read everything it should)."""
-    stream = io.BytesIO(source) if isinstance(source, bytes) else source
-    if zipfile.is_zipfile(stream):
+    if isinstance(source, bytes):
+        return _globals_in(io.BytesIO(source))
+    with os.fdopen(open_file(source), "rb") as f:
+        return _globals_in(f)
+
+
+def _globals_in(f: BinaryIO) -> tuple[list[str], str | None]:
+    if zipfile.is_zipfile(f):
         try:
-            with zipfile.ZipFile(stream) as archive:
+            with zipfile.ZipFile(f) as archive:
                 names = [n for n in archive.namelist() if n.endswith("data.pkl")]
                 if not names:
                     return [], "a zip archive without data.pkl"
                 return scan_stream(io.BytesIO(archive.read(names[0]))), None
         except (ValueError, zipfile.BadZipFile, OSError) as exc:
             return [], str(exc)
-    if (source[:4] if isinstance(source, bytes) else _head(source)) == ZIP_MAGIC:
+    f.seek(0)
+    if f.read(4) == ZIP_MAGIC:
         return [], "the zip archive is incomplete (no central directory)"
     found: list[str] = []
     # the legacy format: pickles of the magic number, protocol, sys info, then the object
-    with io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb") as f:
-        size = f.seek(0, io.SEEK_END)
-        f.seek(0)
-        for _ in range(4):
-            if f.tell() == size:
-                break
-            try:
-                found += [g for g in scan_stream(f) if g not in found]
-            except ValueError as exc:
-                return found, str(exc)
+    size = f.seek(0, io.SEEK_END)
+    f.seek(0)
+    for _ in range(4):
+        if f.tell() == size:
+            break
+        try:
+            found += [g for g in scan_stream(f) if g not in found]
+        except ValueError as exc:
+            return found, str(exc)
     return found, None
 
 
@@ -114,27 +127,57 @@ def _explain(
     )
 
 
-def load_torch_file(path: str | Path, *, allow: Sequence[Any] = ()) -> Any:
+def load_torch_file(
+    path: str | Path, *, allow: Sequence[Any] = (), listed_in: str | None = None
+) -> Any:
     """The object in a ``torch.save`` file, tensors on the CPU (memory-mapped when zipped).
 
     Only ``torch.load(weights_only=True)`` is used; ``allow`` adds classes or functions to
     its allowlist for this call (statekeeper passes only :func:`numpy_globals`).
+    ``listed_in`` names the document that lists the file (a missing file is then corrupt).
     """
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file")
-    zipped = zipfile.is_zipfile(p)
-    try:
-        with torch.serialization.safe_globals(list(allow)), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
-            return torch.load(p, map_location="cpu", weights_only=True, mmap=zipped)
-    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
-        raise _explain(p, exc, allow) from None
+    with os.fdopen(open_file(p, listed_in), "rb") as f:
+        return _load(p, f, os.fstat(f.fileno()).st_size, allow, None)
 
 
 def load_torch_bytes(data: bytes, where: str) -> Any:
     """The object in ``torch.save`` bytes (one DCP item); ``where`` names it in errors."""
+    return _load(Path(where), io.BytesIO(data), len(data), (), data)
+
+
+def _load(p: Path, f: IO[bytes], size: int, allow: Sequence[Any], data: bytes | None) -> Any:
+    """``torch.load`` of ``f`` (``size`` bytes; ``data`` when they are in memory), after
+    and around the checks of :mod:`statekeeper.interop.torch_checks`."""
+    where = str(p)
+    zipped = f.read(4) == ZIP_MAGIC  # the test torch.load itself makes
+    f.seek(0)
+    if zipped:
+        depth = tuple_depth(io.BytesIO(check_zip(f, size, where)))
+    else:
+        depth = tuple_depth(f, pickles=5)  # magic, protocol, system info, object, storage keys
+    if depth > MAX_DEPTH:
+        raise CorruptCheckpointError(
+            where, f"tuples nest {depth} levels deep, more than the {MAX_DEPTH} allowed"
+        )
+    mapped = zipped and data is None
+
+    def load() -> Any:
+        f.seek(0)
+        with torch.serialization.safe_globals(list(allow)), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(p if mapped else f, map_location="cpu", weights_only=True,
+                              mmap=mapped)  # fmt: skip
+
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise _explain(Path(where), exc, (), data) from None
+        if not zipped:
+            check_legacy(load, size, where)
+        obj = load()
+    except CorruptCheckpointError:
+        raise
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
+        raise _explain(p, exc, allow, data) from None
+    problem = loaded_problem(obj, size)
+    if problem is not None:
+        raise CorruptCheckpointError(where, problem)
+    return obj

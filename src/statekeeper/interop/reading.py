@@ -11,6 +11,7 @@ from statekeeper.errors import InvalidArgumentError
 from statekeeper.interop.accelerate import read_accelerate
 from statekeeper.interop.dcp import read_dcp
 from statekeeper.interop.detect import Format
+from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.lightning import read_lightning
 from statekeeper.interop.pickled import load_torch_file
 from statekeeper.interop.safetensors_files import read_hf, read_safetensors
@@ -48,6 +49,6 @@ def read_foreign(
     else:
         raise InvalidArgumentError(f"{path}: {fmt} is not a foreign format")
     if progress is not None and fmt in (Format.SAFETENSORS, Format.LIGHTNING, Format.TORCH):
-        size = p.stat().st_size
+        size = size_of(p)
         progress(size, size)
     return state if isinstance(state, dict) else {ROOT_KEY: state}

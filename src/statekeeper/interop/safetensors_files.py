@@ -1,27 +1,34 @@
-"""Safetensors files and Hugging Face folders: read (zero-copy) and write (streaming).
+"""Safetensors files and Hugging Face folders, read zero-copy and defensively.
 
-Writing stores tensors that share memory as the same view (tied weights) once and records
-each other name in the header's ``__metadata__`` as ``"aliases": '{"alias": "stored"}'``
-(a JSON string, as metadata values must be strings). Reading expands those aliases again, to
-the very same tensor object, so ``module.load_state_dict(statekeeper.read(path))`` works.
+Files are opened through :mod:`statekeeper.interop.foreign_files` (regular files only,
+links followed, names from an index confined to its folder); the header's length is checked
+against :data:`~statekeeper.format.jsondoc.MAX_HEADER_BYTES` and the file's size before it
+is read, an index against :data:`~statekeeper.format.jsondoc.MAX_INDEX_BYTES`, and every
+JSON document goes through :func:`~statekeeper.format.jsondoc.parse_json`. Aliases written
+by :mod:`statekeeper.interop.safetensors_write` (tied weights stored once) are expanded
+again, to the very same tensor object, so ``module.load_state_dict(statekeeper.read(path))``
+works. Writing lives in :mod:`statekeeper.interop.safetensors_write` (re-exported here).
 """
 
 from __future__ import annotations
 
-import json
+import math
 import mmap
 import os
 import struct
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from statekeeper.errors import CorruptCheckpointError, UnsupportedValueError
-from statekeeper.format.safetensors_io import DTYPE_CODES, layout, parse, stream
+from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.jsondoc import MAX_HEADER_BYTES, MAX_INDEX_BYTES, parse_json
+from statekeeper.format.safetensors_io import parse
+from statekeeper.interop.foreign_files import member, open_file, read_json, size_of
 from statekeeper.interop.pickled import load_torch_file
+from statekeeper.interop.safetensors_write import ALIASES_KEY, tie_plan, write_safetensors
+from statekeeper.storage.files import check_name
 
 __all__ = [
     "ALIASES_KEY",
@@ -32,100 +39,159 @@ __all__ = [
     "read_metadata",
     "read_safetensors",
     "tie_plan",
+    "weight_map",
     "write_safetensors",
 ]
 
 Progress = Callable[[int, int], None]
-ALIASES_KEY = "aliases"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+MAX_DIMS = 64
+"""Most dimensions a tensor of a foreign safetensors file may have."""
 
 
 def read_metadata(path: Path) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file (empty when it has none)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CorruptCheckpointError(str(path), "shorter than the 8-byte header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > os.fstat(f.fileno()).st_size - 8:
-            raise CorruptCheckpointError(str(path), "header length runs past the end of file")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as exc:
-            raise CorruptCheckpointError(str(path), f"header is not JSON ({exc})") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+    fd = open_file(Path(path))
+    try:
+        return _metadata(Path(path), _header(Path(path), fd, os.fstat(fd).st_size))
+    finally:
+        os.close(fd)
 
 
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of one file (views of a copy-on-write map), aliases expanded."""
+def _header(path: Path, fd: int, size: int) -> dict[str, Any]:
+    """The JSON header of the safetensors file open as ``fd``, its length checked against
+    :data:`MAX_HEADER_BYTES` and the file's size before it is read."""
+    head = os.pread(fd, 8, 0)
+    if len(head) < 8:
+        raise CorruptCheckpointError(str(path), "shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_BYTES:
+        raise CorruptCheckpointError(
+            str(path), f"header length {n} is larger than the {MAX_HEADER_BYTES} bytes allowed"
+        )
+    if n > size - 8:
+        raise CorruptCheckpointError(str(path), "header length runs past the end of file")
+    try:
+        header = parse_json(os.pread(fd, n, 8))
+    except ValueError as exc:
+        raise CorruptCheckpointError(str(path), f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(str(path), "header is not a JSON object")
+    for name, info in header.items():
+        shape = info.get("shape") if isinstance(info, dict) and name != "__metadata__" else []
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or any(type(d) is not int or not 0 <= d < 1 << 63 for d in shape)
+        ):
+            raise CorruptCheckpointError(str(path), f"tensor {name!r} has an invalid shape")
+        if 0 not in shape and math.prod(shape) > size:
+            raise CorruptCheckpointError(
+                str(path),
+                f"tensor {name!r} of shape {shape} needs more than the file's {size} bytes",
+            )
+    return header
+
+
+def _metadata(path: Path, header: dict[str, Any]) -> dict[str, str]:
+    meta = header.get("__metadata__", {})
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CorruptCheckpointError(str(path), "__metadata__ is not a map of strings")
+    return meta
+
+
+def read_safetensors(path: str | Path, listed_in: str | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of one file (views of a copy-on-write map), aliases expanded.
+
+    ``listed_in`` names the index that lists the file (a missing file is then corrupt).
+    """
     p = Path(path)
-    meta = read_metadata(p)
-    with open(p, "rb") as f:
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    fd = open_file(p, listed_in)
+    try:
+        size = os.fstat(fd).st_size
+        meta = _metadata(p, _header(p, fd, size))
+        data = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
     try:
         tensors = parse(data)
-    except ValueError as exc:
+    except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
         raise CorruptCheckpointError(str(p), f"not a valid safetensors file: {exc}") from None
     if ALIASES_KEY in meta:
-        try:
-            aliases = json.loads(meta[ALIASES_KEY])
-            for alias, base in dict(aliases).items():
-                tensors[str(alias)] = tensors[str(base)]
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptCheckpointError(
-                str(p), f"metadata {ALIASES_KEY!r} is malformed or names a missing tensor: {exc}"
-            ) from None
+        _expand_aliases(p, tensors, meta[ALIASES_KEY])
     return tensors
 
 
-def _load_shard(path: Path) -> Mapping[str, Any]:
+def _expand_aliases(path: Path, tensors: dict[str, torch.Tensor], text: str) -> None:
+    problem = f"metadata {ALIASES_KEY!r} is malformed or names a missing tensor"
+    try:
+        aliases = parse_json(text)
+    except ValueError as exc:
+        raise CorruptCheckpointError(str(path), f"{problem} ({exc})") from None
+    if not isinstance(aliases, dict):
+        raise CorruptCheckpointError(str(path), f"{problem} (not a JSON object)")
+    for alias, base in aliases.items():
+        if not isinstance(base, str) or base not in tensors:
+            raise CorruptCheckpointError(str(path), f"{problem}: {base!r}")
+        tensors[alias] = tensors[base]
+
+
+def _load_shard(path: Path, listed_in: str | None = None) -> Mapping[str, Any]:
     if path.name.endswith(".safetensors"):
-        return read_safetensors(path)
-    loaded = load_torch_file(path)
+        return read_safetensors(path, listed_in)
+    loaded = load_torch_file(path, listed_in=listed_in)
     if not isinstance(loaded, Mapping):
         raise CorruptCheckpointError(str(path), "a weights shard that is not a mapping")
     return loaded
 
 
+def weight_map(path: Path) -> dict[str, str]:
+    """Tensor name -> shard file name, the ``weight_map`` of the index ``path``; every file
+    name is checked to be a plain name (so it can only name a file beside the index)."""
+    index = read_json(path, MAX_INDEX_BYTES, "weight index")
+    found = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(found, dict):
+        raise CorruptCheckpointError(str(path), "not a weight index (no 'weight_map' object)")
+    for file in found.values():
+        check_name(str(path), file)
+    return found
+
+
 def read_index(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
     """The tensors of a sharded checkpoint described by ``*.index.json`` (``weight_map``)."""
     p = Path(path)
-    try:
-        index = json.loads(p.read_text())
-        weight_map = {str(k): str(v) for k, v in dict(index["weight_map"]).items()}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptCheckpointError(str(p), f"not a weight index ({exc})") from None
-    files = list(dict.fromkeys(weight_map.values()))
-    total = sum((p.parent / f).stat().st_size for f in files if (p.parent / f).is_file())
+    names = weight_map(p)
+    by_file: dict[str, list[str]] = {}
+    for name, file in names.items():
+        by_file.setdefault(file, []).append(name)
+    sizes = {file: size_of(member(p.parent, p, file), p.name) for file in by_file}
+    total = sum(sizes.values())
     done = 0
     out: dict[str, Any] = {}
-    by_file: dict[str, list[str]] = {}
-    for name, file in weight_map.items():
-        by_file.setdefault(file, []).append(name)
-    for file in files:
+    for file, held in by_file.items():
         shard_path = p.parent / file
-        if not shard_path.is_file():
-            raise CorruptCheckpointError(str(shard_path), f"shard listed in {p.name} is missing")
-        shard = _load_shard(shard_path)
-        for name in by_file[file]:
+        shard = _load_shard(shard_path, p.name)
+        for name in held:
             if name not in shard:
                 raise CorruptCheckpointError(
                     str(shard_path), f"tensor {name!r} listed in {p.name} is not in it"
                 )
             out[name] = shard[name]
-        done += shard_path.stat().st_size
+        done += sizes[file]
         if progress is not None:
             progress(done, total)
-    return {name: out[name] for name in weight_map}
+    return {name: out[name] for name in names}
 
 
 def hf_files(folder: Path) -> list[Path]:
     """The weight files of a model folder: its index, else one known weights file, else
-    every ``.safetensors`` file."""
+    every ``.safetensors`` file. A name that exists counts whatever it is (a FIFO or a
+    device is then refused when it is opened, not skipped)."""
     for name in (*_INDEXES, *WEIGHT_FILES):
-        if (folder / name).is_file():
+        if os.path.lexists(folder / name):
             return [folder / name]
     indexes = sorted(folder.glob("*.index.json"))
     if indexes:
@@ -136,7 +202,7 @@ def hf_files(folder: Path) -> list[Path]:
 def read_hf(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
     """An index file, or a folder of model weights (see :func:`hf_files`)."""
     p = Path(path)
-    if p.is_file():
+    if not p.is_dir():
         return read_index(p, progress)
     out: dict[str, Any] = {}
     for file in hf_files(p):
@@ -149,87 +215,3 @@ def read_hf(path: str | Path, progress: Progress | None = None) -> dict[str, Any
                 raise CorruptCheckpointError(str(file), f"tensor {name!r} is in two files")
         out.update(part)
     return out
-
-
-def _view_key(t: torch.Tensor) -> tuple[Any, ...] | None:
-    if t.numel() == 0 or t.device.type == "meta":
-        return None
-    storage = t.untyped_storage().data_ptr()
-    return (str(t.device), storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-
-
-def tie_plan(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors to store (tied ones once, under the first name) and ``alias -> stored name``.
-
-    Tied means the same view of the same memory (same storage, offset, shape, strides and
-    dtype). Tensors that merely overlap (a slice of another) are each stored with their own
-    values: safetensors has no views.
-    """
-    first: dict[tuple[Any, ...], str] = {}
-    stored: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    for name, t in tensors.items():
-        key = _view_key(t)
-        if key is not None and key in first:
-            aliases[name] = first[key]
-        else:
-            if key is not None:
-                first[key] = name
-            stored[name] = t
-    return stored, aliases
-
-
-def _counted(
-    chunks: Iterator[bytes | memoryview], total: int, progress: Progress | None
-) -> Iterator[bytes | memoryview]:
-    done = 0
-    for chunk in chunks:
-        yield chunk
-        done += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
-        if progress is not None:
-            progress(done, total)
-
-
-def write_safetensors(
-    path: str | Path,
-    stored: Mapping[str, torch.Tensor],
-    *,
-    aliases: Mapping[str, str] | None = None,
-    metadata: Mapping[str, str] | None = None,
-    progress: Progress | None = None,
-) -> int:
-    """Stream ``stored`` into one safetensors file, atomically (temp file, fsync, rename).
-
-    ``aliases`` (see :func:`tie_plan`) go into the metadata under ``"aliases"``. Returns the
-    file's size. Raises ``UnsupportedValueError`` for a dtype safetensors cannot hold.
-    """
-    p = Path(path)
-    for name, t in stored.items():
-        if t.dtype not in DTYPE_CODES:
-            raise UnsupportedValueError(name, t, f"tensors of dtype {t.dtype}")
-    for alias, base in (aliases or {}).items():
-        if base not in stored or alias in stored:
-            raise ValueError(f"alias {alias!r} must name a stored tensor, not {base!r}")
-    meta = dict(metadata or {})
-    if aliases:
-        meta[ALIASES_KEY] = json.dumps(dict(aliases), sort_keys=True)
-    tensors = dict(stored)
-    plan = layout(tensors, meta)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for chunk in _counted(stream(tensors, plan), plan.size, progress):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(p.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return plan.size

@@ -153,11 +153,30 @@ class AveragedModel(nn.Module):
         return super()._apply(fn, recurse)  # type: ignore[no-untyped-call,no-any-return]
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load our own state dict, or torch's ``AveragedModel``'s (strictly too): torch's has
+        no ``n_calls``, which is derived from its ``n_averaged`` (torch averages at every
+        call, so the calls that gave that many averages under this model's rule)."""
+        if "n_calls" not in state_dict and "n_averaged" in state_dict:
+            state_dict = dict(state_dict)
+            state_dict["n_calls"] = self._calls_for(state_dict["n_averaged"])
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._averaged = int(self.n_averaged.item())  # one sync, at load time only
         self._calls = int(self.n_calls.item())
         self._pairing = None
         return result
+
+    def _calls_for(self, n_averaged: Any) -> Tensor:
+        averaged = torch.as_tensor(n_averaged, dtype=torch.long)
+        rule = self.rule
+        calls = rule.update_after_step + (averaged - 1) * rule.every + 1
+        return torch.where(averaged > 0, calls, torch.zeros_like(averaged))
+
+    def torch_state_dict(self) -> dict[str, Any]:
+        """This average's state in the layout ``torch.optim.swa_utils.AveragedModel`` loads
+        strictly: the same entries without ``n_calls`` (torch counts only ``n_averaged``)."""
+        state = self.state_dict()
+        state.pop("n_calls")
+        return state
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -49,8 +49,12 @@ def test_doctor_on_checkpoints(tmp_path: Path) -> None:
     assert clean.exit_code == 0, clean.output
     torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
     pickled = CliRunner().invoke(main, ["doctor", str(tmp_path / "weights.pt")])
-    assert pickled.exit_code == 2, pickled.output
-    assert "SK008" in pickled.output and "pickle" in pickled.output
+    assert pickled.exit_code == 0, pickled.output  # weights_only opens it, as inspect does
+    assert "SK008" in pickled.output and "weights_only" in pickled.output
+    torch.save({"w": torch.zeros(2), "why": ValueError("x")}, tmp_path / "unsafe.pt")
+    unsafe = CliRunner().invoke(main, ["doctor", str(tmp_path / "unsafe.pt")])
+    assert unsafe.exit_code == 2, unsafe.output
+    assert "SK008" in unsafe.output and "builtins.ValueError" in unsafe.output
 
 
 class Grid(torch.nn.Module):

@@ -285,22 +285,49 @@ def _never(*args: object, **kwargs: object) -> None:
     raise AssertionError("the doctor must never unpickle a file")
 
 
-def test_torch_save_file_is_pickle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class Config:
+    """A class a checkpoint pickles whole: weights_only loading refuses it."""
+
+
+def test_torch_save_of_a_state_dict_gets_inspect_s_safe_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "w.pt"
     torch.save(mlp().state_dict(), path)
-    monkeypatch.setattr(torch, "load", _never)
     assert zipfile.is_zipfile(path)
+    inspected = sk.read(path)  # inspect and read open it with weights_only=True
+    assert set(inspected) == set(mlp().state_dict())
+    monkeypatch.setattr(torch, "load", _never)
+    report = check_checkpoint(str(path))
+    (finding,) = report.findings
+    assert (finding.rule, finding.severity, finding.where) == ("SK008", Severity.INFO, "w.pt")
+    assert "weights_only=True) opens it without running code" in finding.problem
+    assert report.exit_code == 0
+
+
+def test_torch_save_file_that_needs_more_than_weights_only_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.ones(2), "config": Config()}, path)
+    with pytest.raises(sk.UnsafePickleError):
+        sk.read(path)
+    monkeypatch.setattr(torch, "load", _never)
     report = check_checkpoint(str(path))
     (finding,) = report.findings
     assert (finding.rule, finding.severity, finding.where) == ("SK008", Severity.ERROR, "w.pt")
-    assert finding.problem.startswith("this file is a pickle: loading it runs code")
+    assert finding.problem.startswith("this file is a pickle that weights_only loading refuses")
+    assert "test_rules_sk007_009.Config" in finding.problem
     assert "statekeeper.save" in finding.fix
     assert report.exit_code == 2
 
 
-def test_legacy_torch_save_file_is_pickle(tmp_path: Path) -> None:
+def test_legacy_torch_save_file_is_scanned_too(tmp_path: Path) -> None:
     path = tmp_path / "w.bin"
     torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
+    (finding,) = check_checkpoint(str(path)).findings
+    assert finding.severity is Severity.INFO and "pickle protocol" in finding.problem
+    torch.save({"c": Config()}, path, _use_new_zipfile_serialization=False)
     (finding,) = check_checkpoint(str(path)).findings
     assert finding.severity is Severity.ERROR and "pickle protocol" in finding.problem
 
@@ -326,11 +353,13 @@ def test_safetensors_file_with_module_prefix(tmp_path: Path) -> None:
 
 def test_foreign_directory(tmp_path: Path) -> None:
     torch.save({"w": torch.ones(2)}, tmp_path / "pytorch_model.bin")
+    torch.save({"c": Config()}, tmp_path / "training_args.bin")
     safetensors.torch.save_file({"w": torch.ones(2)}, tmp_path / "model.safetensors")
     report = check_checkpoint(str(tmp_path))
     assert [(f.where, f.severity) for f in report.findings] == [
         ("model.safetensors", Severity.INFO),
-        ("pytorch_model.bin", Severity.ERROR),
+        ("pytorch_model.bin", Severity.INFO),
+        ("training_args.bin", Severity.ERROR),
     ]
 
 

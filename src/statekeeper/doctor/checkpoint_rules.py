@@ -6,7 +6,9 @@ WARNING) and tensors stored once and re-tied on load (SK007 INFO) are reported.
 
 Any other file is identified by its first bytes and, for a zip archive, by its member
 names; nothing in it is ever unpickled or executed. A ``torch.save`` file (a zip holding
-``data.pkl``, or a raw pickle starting with the PROTO opcode) is an SK008 ERROR; a
+``data.pkl``, or a raw pickle starting with the PROTO opcode) gets the verdict ``read`` and
+``inspect`` act on: SK008 INFO when every global its pickles name is one weights-only
+loading allows, SK008 ERROR naming the others when not; a
 ``.safetensors`` file is safe (SK008 INFO), and its tensor names are checked for wrapper
 prefixes. A directory that holds no statekeeper step but such files has each of them checked.
 """
@@ -30,6 +32,7 @@ from statekeeper.doctor.rules.shared_storage import wrapper_text as _wrapper_tex
 from statekeeper.errors import StepNotFoundError
 from statekeeper.format.jsondoc import parse_json
 from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.interop.pickled import numpy_globals, refused_globals
 from statekeeper.storage.files import regular_size
 
 __all__ = ["check_checkpoint"]
@@ -39,7 +42,15 @@ RULES = ((SK007, SharedStorage.summary), (SK008, PickleValues.summary))
 FOREIGN_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors"})
 _MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
 SAFE = "safe format"
-PICKLE_PROBLEM = "this file is a pickle: loading it runs code from the file"
+PICKLE_PROBLEM = "this file is a pickle that weights_only loading refuses: loading it runs code"
+WEIGHTS_ONLY = (
+    "a torch.save pickle holding only tensors and plain values: torch.load(weights_only=True) "
+    "opens it without running code, as statekeeper read and inspect do"
+)
+WEIGHTS_ONLY_FIX = (
+    "nothing needed with weights_only=True (torch >= 2.6's default); older torch or "
+    "weights_only=False would unpickle it fully, so prefer safetensors or statekeeper.save"
+)
 PICKLE_FIX = (
     "convert it once in a trusted environment and store it with statekeeper.save "
     "(safetensors + JSON); never torch.load a file whose origin you do not trust"
@@ -125,25 +136,18 @@ def _foreign(path: Path, where: str) -> Iterator[Finding]:
     size = regular_size(path, follow=True)  # a FIFO or device is refused, never opened
     with path.open("rb") as f:
         head = f.read(16)
+    kind = None
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:
                 pickles = [n for n in archive.namelist() if n.endswith(".pkl")]
         except (zipfile.BadZipFile, OSError):
             pickles = []
-        if pickles:
-            yield Finding(
-                SK008, Severity.ERROR, where,
-                f"{PICKLE_PROBLEM} (a torch.save zip archive holding {pickles[0]})",
-                PICKLE_FIX, bytes=size,
-            )  # fmt: skip
-            return
+        kind = f"a torch.save zip archive holding {pickles[0]}" if pickles else None
     elif len(head) >= 2 and head[0] == 0x80 and 1 <= head[1] <= 5:
-        yield Finding(
-            SK008, Severity.ERROR, where,
-            f"{PICKLE_PROBLEM} (pickle protocol {head[1]}, e.g. a legacy torch.save file)",
-            PICKLE_FIX, bytes=size,
-        )  # fmt: skip
+        kind = f"pickle protocol {head[1]}, e.g. a legacy torch.save file"
+    if kind is not None:
+        yield _pickle_finding(path, where, kind, size)
         return
     names = _safetensors_names(path, head, size)
     if names is not None:
@@ -161,6 +165,22 @@ def _foreign(path: Path, where: str) -> Iterator[Finding]:
         "neither a statekeeper checkpoint, a safetensors file nor a recognizable pickle: "
         "the doctor cannot tell whether loading it runs code",
         "store checkpoints with statekeeper.save, or tensors as .safetensors", bytes=size,
+    )  # fmt: skip
+
+
+def _pickle_finding(path: Path, where: str, kind: str, size: int) -> Finding:
+    """The verdict ``read`` and ``inspect`` act on: a pickle whose globals weights_only
+    loading allows is opened safely (INFO); one that asks for more is an ERROR naming them."""
+    extra = numpy_globals() if path.name.startswith("random_states_") else ()
+    refused = refused_globals(path, extra)
+    if not refused:
+        return Finding(
+            SK008, Severity.INFO, where, f"{WEIGHTS_ONLY} ({kind})", WEIGHTS_ONLY_FIX, bytes=size
+        )
+    return Finding(
+        SK008, Severity.ERROR, where,
+        f"{PICKLE_PROBLEM} ({kind}; it asks for {', '.join(refused[:5])})",
+        PICKLE_FIX, bytes=size,
     )  # fmt: skip
 
 

@@ -94,6 +94,15 @@ def _globals_in(f: BinaryIO) -> tuple[list[str], str | None]:
     return found, None
 
 
+def refused_globals(path: Path, allow: Sequence[Any] = ()) -> list[str]:
+    """The globals a ``torch.save`` file names that ``torch.load(weights_only=True)`` would
+    refuse (a static scan of its pickles: nothing is run). Empty: the file opens safely, as
+    ``read`` and ``inspect`` open it."""
+    asked, _ = _pickle_globals(path)
+    allowed = _allowed(allow)
+    return [g for g in asked if g not in allowed]
+
+
 def _allowed(extra: Sequence[Any]) -> set[str]:
     from torch import _weights_only_unpickler as wu
 

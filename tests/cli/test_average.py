@@ -111,5 +111,53 @@ def test_average_usage_errors_exit_2(invoke: Invoke, runs: list[Path], tmp_path:
     empty.mkdir()
     nothing = invoke("average", empty, "-o", tmp_path / "out")
     assert nothing.exit_code == 2 and "holds no committed checkpoint" in nothing.stderr
+    junk = tmp_path / "notes.txt"
+    junk.write_text("hello")
+    refused = invoke("average", junk, "-o", tmp_path / "out")
+    assert refused.exit_code == 2 and "not a checkpoint format" in refused.stderr
     assert invoke("average", *runs).exit_code == 2  # -o is required
     assert invoke("average", "-o", tmp_path / "out").exit_code == 2  # at least one CKPT
+
+
+def test_average_onto_an_existing_step_names_the_cli_flag(
+    invoke: Invoke, runs: list[Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    assert invoke("average", *runs, "-o", out).exit_code == 0
+    again = invoke("average", *runs, "-o", out)
+    assert again.exit_code == 1 and "pass --overwrite" in again.stderr
+    assert "overwrite=True" not in again.stderr
+    replaced = invoke("average", runs[0], runs[1], "-o", out, "--overwrite", "--step", "30")
+    assert replaced.exit_code == 0, replaced.output
+    expected = (_model(0)[0].weight + _model(1)[0].weight) / 2
+    assert torch.allclose(sk.read(out)["model"]["0.weight"], expected)
+
+
+def test_average_reads_the_files_every_other_command_reads(invoke: Invoke, tmp_path: Path) -> None:
+    import safetensors.torch
+
+    first, second = _model(1), _model(2)
+    torch.save(first.state_dict(), tmp_path / "a.pt")
+    safetensors.torch.save_file(
+        {k: v.contiguous() for k, v in second.state_dict().items()}, tmp_path / "b.safetensors"
+    )
+    sk.save(tmp_path / "run", dict(_model(3).state_dict()), step=7)
+    result = invoke(
+        "average", tmp_path / "a.pt", tmp_path / "b.safetensors", tmp_path / "run",
+        "-o", tmp_path / "out", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert _json(result)["step"] == 7  # the newest statekeeper input's step
+    averaged = sk.read(tmp_path / "out")
+    for name, value in first.state_dict().items():
+        others = (second.state_dict()[name], _model(3).state_dict()[name])
+        if value.dtype.is_floating_point:
+            expected = ((value.double() + others[0].double() + others[1].double()) / 3).float()
+            assert torch.equal(averaged[name], expected), name
+        else:  # integer buffers (BatchNorm's counter) come from the last input
+            assert torch.equal(averaged[name], others[1]), name
+    mismatched = tmp_path / "c.pt"
+    torch.save(_model(4, out=5).state_dict(), mismatched)
+    bad = invoke("average", tmp_path / "a.pt", mismatched, "-o", tmp_path / "bad")
+    assert bad.exit_code == 1, bad.output
+    assert "0.weight" in bad.stderr and "c.pt" in bad.stderr

@@ -177,6 +177,7 @@ def average_checkpoints(
     weights: Sequence[float] | None = None,
     key: str | None = None,
     step: int | None = None,
+    overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckpointInfo:
     """Average the checkpoints ``paths`` and save the result as one step of the run ``out``.
@@ -191,7 +192,7 @@ def average_checkpoints(
 
     Raises ``KeyMismatchError`` listing every differing name, shape, dtype or tying,
     ``InvalidArgumentError`` for bad weights, ``CorruptCheckpointError`` for a damaged input
-    and ``StepExistsError`` when the output step is already committed.
+    and ``StepExistsError`` when the output step is already committed (unless ``overwrite``).
     """
     if isinstance(paths, str | bytes | os.PathLike) or not isinstance(paths, Sequence):
         raise InvalidArgumentError("paths must be a list of checkpoint directories")
@@ -241,4 +242,5 @@ def average_checkpoints(
                 raise CorruptCheckpointError(ref.location.path(MANIFEST), str(exc)) from None
     state = unflatten(ref.skeleton, averaged.__getitem__, key or "")
     result = state if key is None else {key: state}
-    return save(out, result, step=ref.manifest.step if step is None else step)
+    chosen = ref.manifest.step if step is None else step
+    return save(out, result, step=chosen, overwrite=overwrite)

@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import click
 
 from statekeeper.averaging.offline import average_checkpoints, normalize_weights
+from statekeeper.averaging.states import average_states
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.load import read
 from statekeeper.checkpoint.location import locate
+from statekeeper.checkpoint.save import save
 from statekeeper.cli import render
-from statekeeper.errors import InvalidArgumentError
-from statekeeper.storage.urls import is_url
+from statekeeper.errors import InvalidArgumentError, StepExistsError
+from statekeeper.interop.detect import foreign_format
 
 __all__ = ["average", "parse_weights"]
+
+
+def _average_foreign(
+    ckpts: tuple[str, ...],
+    out: str,
+    raw: list[float] | None,
+    key: str | None,
+    step: int | None,
+    overwrite: bool,
+    progress: Callable[[int, int], None],
+) -> CheckpointInfo:
+    """Inputs some of which are foreign: each read whole, one at a time (``average_states``).
+    The output step defaults to the newest statekeeper input's, or 0."""
+    weights = [1.0] * len(ckpts) if raw is None else raw
+    steps = [locate(c, None).step for c in ckpts if foreign_format(c) is None]
+    states = ((c, read(c)) for c in ckpts)
+    result = average_states(states, weights, key=key, progress=progress)
+    chosen = step if step is not None else max([s for s in steps if s >= 0], default=0)
+    return save(out, result, step=chosen, overwrite=overwrite)
 
 
 def parse_weights(text: str | None) -> list[float] | None:
@@ -45,6 +68,9 @@ def parse_weights(text: str | None) -> list[float] | None:
 @click.option(
     "--step", type=click.IntRange(min=0), help="Step of the output (default: the newest input's)."
 )
+@click.option(
+    "--overwrite", is_flag=True, help="Replace the output step if OUT already has it committed."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def average(
     ckpts: tuple[str, ...],
@@ -52,14 +78,17 @@ def average(
     weights: str | None,
     key: str | None,
     step: int | None,
+    overwrite: bool,
     as_json: bool,
 ) -> None:
     """Average the weights of the checkpoints CKPT... into a new step of the run OUT.
 
-    Each CKPT is a step directory or a run directory (its newest step). Floating tensors are
-    averaged in float64 and keep their dtype; integer tensors and other values come from
-    the newest input. Exit status: 0 done, 1 the checkpoints do not match or are damaged,
-    2 bad arguments or nothing found.
+    Each CKPT is a step directory or a run directory (its newest step), or any file or folder
+    the other commands read (torch.save files, safetensors files, Hugging Face folders): those
+    are read one at a time, then averaged. Floating tensors are averaged in float64 and keep
+    their dtype; integer tensors and other values come from the newest input (the last one
+    when any input is foreign). Exit status: 0 done, 1 the checkpoints do not match or are
+    damaged, 2 bad arguments or nothing found.
     """
     tensors = 0
 
@@ -70,15 +99,27 @@ def average(
             update(done, total)
 
     with render.reported_errors():
-        for ckpt in ckpts:
-            if not is_url(ckpt) and not Path(ckpt).is_dir():
-                render.fail(f"{ckpt} is not a directory; pass step or run directories", 2)
         raw = parse_weights(weights)
         normalized = normalize_weights(raw, len(ckpts))
-        inputs = [locate(ckpt, None).path() for ckpt in ckpts]  # before OUT may gain a step
+        foreign = [c for c in ckpts if foreign_format(c) is not None]
+        inputs = [c if c in foreign else locate(c, None).path() for c in ckpts]
         with render.ByteProgress(enabled=not as_json, counts=True) as bar:
-            update = bar.phase("averaging tensors")
-            info = average_checkpoints(ckpts, out, weights=raw, key=key, step=step, progress=count)
+            update = bar.phase("averaging tensors" if not foreign else "reading and averaging")
+            try:
+                if foreign:
+                    info = _average_foreign(ckpts, out, raw, key, step, overwrite, count)
+                else:
+                    info = average_checkpoints(
+                        ckpts, out, weights=raw, key=key, step=step, overwrite=overwrite,
+                        progress=count,
+                    )  # fmt: skip
+            except StepExistsError as exc:  # the library's advice names a Python argument
+                where = str(exc).split(" is already committed", 1)[0]
+                render.fail(
+                    f"{where} is already committed; pass --overwrite to replace it, or "
+                    "--step N to save under another step",
+                    1,
+                )
     summary = {
         "out": info.path,
         "step": info.step,

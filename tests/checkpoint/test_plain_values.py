@@ -50,3 +50,16 @@ def test_a_read_only_mapping_with_plain_values_is_refused_before_anything_change
     counter = sk.Value(0)
     sk.load(tmp_path, MappingProxyType({"model": model, "epoch": counter}))
     assert counter.value == 4
+
+
+def test_restore_latest_in_a_directory_of_other_files_says_so(tmp_path: Path) -> None:
+    torch.save(_model(1).state_dict(), tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text("{}")
+    with (
+        pytest.warns(sk.StatekeeperWarning, match=r"holds no statekeeper step but 2 other"),
+        sk.Checkpointer(tmp_path) as ckpt,
+    ):
+        assert ckpt.restore_latest({"model": _model(2)}) is None
+    empty = tmp_path / "fresh"
+    with sk.Checkpointer(empty) as ckpt:  # a new run directory: nothing to say
+        assert ckpt.restore_latest({"model": _model(2)}) is None

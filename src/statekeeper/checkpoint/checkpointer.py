@@ -22,6 +22,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial
 from statekeeper.checkpoint.load import StatekeeperWarning, Strict, check_assignable, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
+from statekeeper.checkpoint.naming import parse_entry
 from statekeeper.checkpoint.policies import Retention, SavePolicy
 from statekeeper.checkpoint.save import capture, frozen_names
 from statekeeper.checkpoint.writer import write_step
@@ -38,6 +39,7 @@ from statekeeper.errors import (
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import Generator, RNGState
+from statekeeper.storage.local import LOCK_FILE
 
 __all__ = ["RNG_ENTRY", "Checkpointer"]
 
@@ -172,7 +174,28 @@ class Checkpointer:
             self._resumed_from = info.step
             self._last_save = self._clock()
             return info.step
+        self._warn_if_foreign()
         return None
+
+    def _warn_if_foreign(self) -> None:
+        """Starting from scratch in a directory that holds other things is worth a word: it
+        is most often the wrong directory (another tool's checkpoints)."""
+        try:
+            names = [*self.storage.entries(), *self.storage.files("")]
+        except (OSError, StatekeeperError):
+            return
+        other = sorted(n for n in names if n != LOCK_FILE and parse_entry(n) is None)
+        if other:
+            shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+            warnings.warn(
+                f"statekeeper: {self.storage.describe()} holds no statekeeper step but "
+                f"{len(other)} other entr{'y' if len(other) == 1 else 'ies'} ({shown}); "
+                "starting from scratch. If that is another tool's checkpoint folder, pass the "
+                "run directory statekeeper saves into (to start from a foreign checkpoint, "
+                "load statekeeper.read(path) into the model first).",
+                StatekeeperWarning,
+                stacklevel=3,
+            )
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None

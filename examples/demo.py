@@ -69,7 +69,8 @@ def train(run_dir: Path, final_dir: Path, kill_at: int | None) -> None:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]:.4f}"),
         ) as bar:
-            task = bar.add_task(f"  {run_dir.name:>13}", total=STEPS, completed=start, loss=0.0)
+            label = "to be killed" if kill_at else "resumed" if start else "uninterrupted"
+            task = bar.add_task(f"  {label:>13}", total=STEPS, completed=start, loss=0.0)
             for step in range(start, STEPS):
                 if batches is None:
                     batches = iter(loader)
@@ -104,9 +105,13 @@ def spawn(phase: str, run: str, hash_seed: int) -> int:
 
 def main() -> int:
     shutil.rmtree(ROOT, ignore_errors=True)
+    console.print(
+        f"Three processes train one model for {STEPS} steps; the second is killed with "
+        f"SIGKILL at step {KILL_AT}, and a third resumes it from its newest checkpoint."
+    )
     console.print(f"[bold]1. uninterrupted run[/bold] ({STEPS} steps)")
     spawn("train", "uninterrupted", 1)
-    console.print(f"[bold]2. run killed at step {KILL_AT}[/bold]")
+    console.print(f"[bold]2. a second run, killed at step {KILL_AT}[/bold]")
     code = spawn("kill", "resumed", 2)
     console.print(f"  process exit code {code} (SIGKILL)")
     console.print("[bold]3. a new process resumes from the newest checkpoint[/bold]")

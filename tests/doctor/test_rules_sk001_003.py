@@ -22,6 +22,7 @@ from statekeeper.doctor.rules.overlap import MemoryOverlap
 from statekeeper.doctor.rules.registration_order import RegistrationOrder
 from statekeeper.doctor.run import run
 from statekeeper.doctor.target import build_target
+from statekeeper.errors import InvalidArgumentError
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "tests.doctor.test_rules_sk001_003"
@@ -140,11 +141,18 @@ def test_sk002_clean_model(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _sk002(mlp_module, "mlp_module", monkeypatch) == ()
 
 
-def test_sk002_timeout_is_inconclusive(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registration_order, "TIMEOUT_S", 0.01)
+def test_sk002_timeout_is_inconclusive_and_says_how_to_allow_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STATEKEEPER_DOCTOR_TIMEOUT", "0.01")
     (finding,) = _sk002(mlp_module, "mlp_module", monkeypatch)
     assert (finding.rule, finding.severity) == ("SK002", Severity.WARNING)
-    assert finding.problem.startswith("inconclusive") and "took over" in finding.problem
+    assert finding.problem.startswith("inconclusive") and "took over 0.01 s" in finding.problem
+    assert "STATEKEEPER_DOCTOR_TIMEOUT" in finding.problem
+    assert registration_order.TIMEOUT_S >= 600  # the default survives a loaded machine
+    monkeypatch.setenv("STATEKEEPER_DOCTOR_TIMEOUT", "soon")
+    with pytest.raises(InvalidArgumentError, match="STATEKEEPER_DOCTOR_TIMEOUT"):
+        _sk002(mlp_module, "mlp_module", monkeypatch)
 
 
 # SK003 -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -23,11 +24,18 @@ from typing import Any
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
+from statekeeper.errors import InvalidArgumentError
 
 __all__ = ["RegistrationOrder", "describe", "main"]
 
 SEEDS = (0, 1, 2, 3)
-TIMEOUT_S = 60.0
+TIMEOUT_S = 600.0
+"""How long the builds may take, wall clock, before the rule gives up (as inconclusive, a
+WARNING, never a verdict). Generous on purpose: four fresh interpreters importing torch on a
+loaded 2-core machine took over 60 s. ``STATEKEEPER_DOCTOR_TIMEOUT`` (seconds) overrides it;
+a child that spins is stopped sooner by its CPU-time limit (``CPU_LIMIT_S``)."""
+CPU_LIMIT_S = 300
+_TIMEOUT_ENV = "STATEKEEPER_DOCTOR_TIMEOUT"
 _MARK = "statekeeper-sk002:"
 _CHILD = "from statekeeper.doctor.rules.registration_order import main; main()"
 _FIX = (
@@ -114,6 +122,26 @@ def _positional(orders: dict[int, list[Entry]]) -> str | None:
     return "shuffle"
 
 
+def _timeout() -> float:
+    text = os.environ.get(_TIMEOUT_ENV)
+    if text is None:
+        return TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise InvalidArgumentError(
+            f"{_TIMEOUT_ENV}={text!r}: expected a positive number of seconds"
+        )
+    return value
+
+
+def _limit_cpu() -> None:
+    """In the child, before it runs: a CPU-time limit (a hang that spins ends there)."""
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S))
+
+
 class RegistrationOrder:
     id = "SK002"
     summary = "registration order changes between processes: positional optimizer state shuffles"
@@ -189,10 +217,12 @@ class RegistrationOrder:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                preexec_fn=_limit_cpu,
             )
             for seed in SEEDS
         }
-        deadline = time.monotonic() + TIMEOUT_S
+        limit = _timeout()
+        deadline = time.monotonic() + limit
         outputs: dict[int, tuple[str, str]] = {}
         try:
             for seed, proc in procs.items():
@@ -203,7 +233,10 @@ class RegistrationOrder:
                 proc.kill()
             for proc in procs.values():
                 proc.communicate()
-            return {}, f"building '{spec}' in a subprocess took over {TIMEOUT_S:.0f} s"
+            return {}, (
+                f"building '{spec}' in {len(SEEDS)} subprocesses took over {limit:g} s, the "
+                f"doctor's limit (set {_TIMEOUT_ENV} to allow more)"
+            )
         described: dict[int, dict[str, Any]] = {}
         for seed, (stdout, stderr) in outputs.items():
             lines = [ln for ln in stdout.splitlines() if ln.startswith(_MARK)]

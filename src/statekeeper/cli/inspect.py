@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,27 +134,44 @@ def _itemsize(dtype: str, where: str) -> int:
     return found.itemsize
 
 
-def _tensor_row(manifest: Manifest, where: str, name: str, key: str, ref: _Ref | None) -> TensorRow:
-    numpy = ref is not None and ref.tag == "$ndarray"
-    in_state = ref is not None
-    sharded = manifest.sharding.tensors.get(name) if manifest.sharding is not None else None
-    if sharded is not None:
-        size = math.prod(sharded.shape) * _itemsize(sharded.dtype, where)
+class _Rows:
+    """Rows of one manifest's tensors (item sizes looked up once per dtype)."""
+
+    def __init__(self, manifest: Manifest, where: str) -> None:
+        self.manifest, self.where = manifest, where
+        self.sharded = manifest.sharding.tensors if manifest.sharding is not None else {}
+        self.sizes: dict[str, int] = {}
+
+    def itemsize(self, dtype: str) -> int:
+        size = self.sizes.get(dtype)
+        if size is None:
+            size = self.sizes[dtype] = _itemsize(dtype, self.where)
+        return size
+
+    def row(self, name: str, key: str, ref: _Ref | None) -> TensorRow:
+        manifest = self.manifest
+        numpy = ref is not None and ref.tag == "$ndarray"
+        in_state = ref is not None
+        sharded = self.sharded.get(name)
+        if sharded is not None:
+            size = math.prod(sharded.shape) * self.itemsize(sharded.dtype)
+            return TensorRow(
+                name, key, list(sharded.shape), sharded.dtype, size, None, None, numpy, True,
+                len(sharded.chunks),
+            )  # fmt: skip
+        rec = manifest.tensors.get(name)
+        if rec is not None:
+            size = math.prod(rec.shape) * self.itemsize(rec.dtype)
+            return TensorRow(
+                name, key, list(rec.shape), rec.dtype, size, rec.file, None, numpy, in_state
+            )
+        alias = manifest.aliases.get(name)
+        if alias is None or alias.base not in manifest.tensors:
+            raise CorruptCheckpointError(self.where, f"state refers to unknown tensor {name!r}")
+        base = manifest.tensors[alias.base]
         return TensorRow(
-            name, key, list(sharded.shape), sharded.dtype, size, None, None, numpy, True,
-            len(sharded.chunks),
-        )  # fmt: skip
-    if name in manifest.tensors:
-        rec = manifest.tensors[name]
-        size = math.prod(rec.shape) * _itemsize(rec.dtype, where)
-        return TensorRow(
-            name, key, list(rec.shape), rec.dtype, size, rec.file, None, numpy, in_state
+            name, key, list(alias.shape), base.dtype, 0, None, alias.base, numpy, in_state
         )
-    alias = manifest.aliases.get(name)
-    if alias is None or alias.base not in manifest.tensors:
-        raise CorruptCheckpointError(where, f"state refers to unknown tensor {name!r}")
-    base = manifest.tensors[alias.base]
-    return TensorRow(name, key, list(alias.shape), base.dtype, 0, None, alias.base, numpy, in_state)
 
 
 def _relative(path: str, entry: str) -> str:
@@ -195,6 +211,7 @@ def build_report(location: Location, manifest: Manifest) -> Report:
     state, metrics = _decode(manifest, where)
     entries: dict[str, EntryReport] = {}
     seen: set[str] = set()
+    rows = _Rows(manifest, where)
     for name, value in state.items():
         entry = entries[str(name)] = EntryReport(str(name), type(value).__name__)
         refs: list[tuple[str, _Ref]] = []
@@ -204,8 +221,7 @@ def build_report(location: Location, manifest: Manifest) -> Report:
             seen.add(ref.name)
             if manifest.sharding is not None and ref.name in manifest.sharding.tensors:
                 seen.update(c.tensor for c in manifest.sharding.tensors[ref.name].chunks)
-            row = _tensor_row(manifest, where, ref.name, _relative(path, entry.name), ref)
-            entry.tensors.append(row)
+            entry.tensors.append(rows.row(ref.name, _relative(path, entry.name), ref))
         for path, leaf in leaves:
             shown, complete = _summary(leaf)
             key = _relative(path, entry.name)
@@ -215,16 +231,16 @@ def build_report(location: Location, manifest: Manifest) -> Report:
         entry = entries.get(owner) or entries.setdefault(
             "(unreferenced)", EntryReport("(unreferenced)", "tensors")
         )
-        entry.tensors.append(_tensor_row(manifest, where, name, _relative(name, owner), None))
+        entry.tensors.append(rows.row(name, _relative(name, owner), None))
     for entry in entries.values():
         entry.tensor_bytes = sum(row.bytes for row in entry.tensors)
     manifest_bytes = location.storage.size(location.entry, MANIFEST)
-    rows = [row for entry in entries.values() for row in entry.tensors]
+    every = [row for entry in entries.values() for row in entry.tensors]
     totals = Totals(
-        tensors=sum(1 for row in rows if row.in_state),
+        tensors=sum(1 for row in every if row.in_state),
         stored=len(manifest.tensors),
         aliases=len(manifest.aliases),
-        tensor_bytes=sum(row.bytes for row in rows),
+        tensor_bytes=sum(row.bytes for row in every),
         values=sum(len(entry.values) for entry in entries.values()),
         files=len(manifest.files) + 1,
         file_bytes=manifest_bytes + sum(f.size for f in manifest.files.values()),
@@ -263,7 +279,7 @@ def inspect(target: str, step: int | None, as_json: bool) -> None:
                 render.fail(f"{target} is a {foreign[1]} checkpoint, which has no steps", 2)
             description = describe(*foreign)
             if as_json:
-                render.emit_json(dataclasses.asdict(description))
+                render.emit_json(description)  # a dataclass: emit_json makes it a dict
             else:
                 render_interop.foreign_inspection(description)
             return
@@ -272,6 +288,6 @@ def inspect(target: str, step: int | None, as_json: bool) -> None:
         location = locate(target, step)
         report = build_report(location, read_manifest(location))
     if as_json:
-        render.emit_json(dataclasses.asdict(report))
+        render.emit_json(report)
     else:
         render_inspect.inspection(report)

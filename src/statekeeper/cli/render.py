@@ -7,8 +7,6 @@ Commands build plain data and hand it here; nothing else prints.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -31,6 +29,7 @@ from rich.text import Text
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import ParsedEntry
 from statekeeper.checkpoint.reader import Progress as ProgressCallback
+from statekeeper.cli.render_json import emit_json
 from statekeeper.doctor.finding import Report as DoctorReport
 from statekeeper.doctor.finding import Severity
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
@@ -74,21 +73,6 @@ def human_bytes(n: int) -> str:
         if size < 1024 or unit == "TiB":
             break
     return f"{size:.1f} {unit}"
-
-
-def _jsonable(value: Any) -> Any:
-    """Non-finite floats become strings so that the output stays strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def emit_json(data: Any) -> None:
-    click.echo(json.dumps(_jsonable(data), indent=2, sort_keys=True, allow_nan=False))
 
 
 def error(message: str) -> None:

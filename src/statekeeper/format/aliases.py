@@ -12,6 +12,10 @@ An alias is ``{"base": stored name, "offset": o, "shape": [...], "stride": [...]
 elements of the base, so ``torch.as_strided(base, shape, stride, offset)`` rebuilds it and
 the rebuilt tensors share memory again. Members of one storage with different dtypes are
 stored separately (no alias): a re-typed view cannot be rebuilt exactly by ``as_strided``.
+
+A view may have more elements than its base (an ``expand``, stride 0, or another
+self-overlapping view), but at most :data:`MAX_ALIAS_AMPLIFICATION` times as many: see
+:func:`alias_problem`. A member beyond that is stored with its own values instead.
 """
 
 from __future__ import annotations
@@ -20,7 +24,34 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Alias", "SharingPlan", "plan_sharing", "rebuild_alias"]
+__all__ = [
+    "MAX_ALIAS_AMPLIFICATION",
+    "Alias",
+    "SharingPlan",
+    "alias_problem",
+    "plan_sharing",
+    "rebuild_alias",
+]
+
+MAX_ALIAS_AMPLIFICATION = 64
+"""An alias has at most this many times the elements of its stored base.
+
+Every reader of a view pays for its logical elements, not for the stored ones: ``diff``
+compares them, ``convert`` and ``export`` write them out materialized, a training step
+reads them. Without a bound, one resealed manifest line (a stride-0 view of shape
+``[2**20, 2**20]`` over a 1-element base passes every other check) costs 2**40 elements of
+work and memory. Views that ``plan_sharing`` records for real state are tied weights
+(ratio 1), slices, transposes and reshapes (at most 1), and the rare view that repeats its
+memory (``expand`` of another entry, ``unfold`` windows): there the ratio is the repeat
+count, commonly a batch, head or window count well under 64. So 64 keeps sharing for every
+view a state dict commonly holds, while a crafted alias costs at most 64 elements of work
+per element actually stored in its base (a stored element is at least one byte of a
+checksummed file). The bound is on the ratio, not an absolute size, so that it grows with
+what is really present; a view beyond it is stored with its own values by
+:func:`plan_sharing` (it then loads as a tensor of its own: equal values, not shared).
+"""
+
+_INT64 = (1 << 63) - 1  # torch sizes, strides and offsets are int64
 
 
 @dataclass(frozen=True)
@@ -77,13 +108,18 @@ def plan_sharing(tensors: dict[str, torch.Tensor]) -> SharingPlan:
         if key is not None:
             groups.setdefault(key, []).append(name)
     leader: dict[str, list[str]] = {}
+    alone: set[str] = set()  # views beyond the bound: stored with their own values
     for members in groups.values():
         if len(members) > 1 and len({tensors[m].dtype for m in members}) == 1:
-            leader[members[0]] = members
+            kept = _bounded(members, tensors)
+            alone.update(set(members) - set(kept))
+            if len(kept) > 1:
+                leader[kept[0]] = kept
     stored: dict[str, torch.Tensor] = {}
     aliases: dict[str, Alias] = {}
     grouped = {m for members in leader.values() for m in members}
-    shared = {m for members in groups.values() if len(members) > 1 for m in members} - grouped
+    shared = {m for members in groups.values() if len(members) > 1 for m in members}
+    shared -= grouped | alone
     for name, t in tensors.items():
         if name in leader:
             _plan_group(leader[name], tensors, stored, aliases)
@@ -92,6 +128,24 @@ def plan_sharing(tensors: dict[str, torch.Tensor]) -> SharingPlan:
         elif name not in grouped:
             stored[name] = t
     return SharingPlan(stored, aliases)
+
+
+def _bounded(members: list[str], tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The members that can alias their group's base within MAX_ALIAS_AMPLIFICATION (the
+    base is the span of storage the members use, as :func:`_plan_group` chooses it)."""
+    while len(members) > 1:
+        views = {
+            (tensors[m].storage_offset(), tensors[m].shape, tensors[m].stride()) for m in members
+        }
+        if len(views) == 1:  # tied: each alias is its base's size
+            return members
+        spans = [_extent(tensors[m]) for m in members]
+        size = max(s[1] for s in spans) - min(s[0] for s in spans)
+        kept = [m for m in members if tensors[m].numel() <= MAX_ALIAS_AMPLIFICATION * size]
+        if len(kept) == len(members):
+            return members
+        members = kept  # the span may shrink without them: check the rest again
+    return members
 
 
 def _plan_group(
@@ -140,24 +194,59 @@ def _plan_group(
             )
 
 
-def rebuild_alias(base: torch.Tensor, alias: Alias) -> torch.Tensor:
+def _geometry(alias: Alias) -> str:
+    text = f"offset {alias.offset}, shape {list(alias.shape)}, stride {list(alias.stride)}"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def alias_problem(alias: Alias, base_numel: int) -> str | None:
+    """Why ``alias`` is not a valid view of a stored tensor of ``base_numel`` elements, or
+    None. The manifest parser can call it for each alias (``base_numel`` from the base's
+    ``tensors`` record); :func:`rebuild_alias` calls it for every alias it rebuilds.
+
+    A valid alias has as many sizes as strides; offset, sizes and strides are non-negative
+    and fit in int64; unless it has no elements, its last element (``offset + sum((size - 1)
+    * stride)``) lies inside the base; and it has at most ``MAX_ALIAS_AMPLIFICATION`` times
+    the base's elements (see there for why). Its cost is linear in the manifest line.
+    """
+    shape, stride, offset = alias.shape, alias.stride, alias.offset
+    if len(shape) != len(stride) or offset < 0 or min((*shape, *stride), default=0) < 0:
+        return f"has a malformed view ({_geometry(alias)})"
+    if max((offset, *shape, *stride)) > _INT64:
+        return f"has a size, stride or offset beyond 64 bits ({_geometry(alias)})"
+    if 0 in shape:
+        return None
+    end = offset + 1 + sum((d - 1) * s for d, s in zip(shape, stride, strict=True))
+    if end > base_numel:
+        return (
+            f"reaches past the stored tensor ({_geometry(alias)}: element {end - 1} of a base "
+            f"of {base_numel})"
+        )
+    limit = MAX_ALIAS_AMPLIFICATION * max(base_numel, 1)
+    numel = 1
+    for d in shape:  # stops as soon as it is too large: no huge products
+        numel *= d
+        if numel > limit:
+            return (
+                f"repeats its base's memory too often ({_geometry(alias)}: more than "
+                f"{MAX_ALIAS_AMPLIFICATION} times the {base_numel} element(s) stored)"
+            )
+    return None
+
+
+def rebuild_alias(base: torch.Tensor, alias: Alias, name: str | None = None) -> torch.Tensor:
     """The view ``alias`` describes, sharing ``base``'s memory.
 
-    Raises ``ValueError`` when the view does not lie inside ``base`` (a damaged manifest).
+    Raises ``ValueError`` (naming ``name``, the alias's own name, when given) when the view is
+    not valid (:func:`alias_problem`): a damaged or crafted manifest.
     """
-    if (
-        len(alias.shape) != len(alias.stride)
-        or alias.offset < 0
-        or any(d < 0 for d in alias.shape)
-        or any(s < 0 for s in alias.stride)
-    ):
-        raise ValueError(f"alias of {alias.base!r} has a malformed view")
-    if 0 not in alias.shape:
-        end = (
-            alias.offset
-            + 1
-            + sum((d - 1) * s for d, s in zip(alias.shape, alias.stride, strict=True))
+    what = f"alias {name!r} of {alias.base!r}" if name is not None else f"alias of {alias.base!r}"
+    problem = alias_problem(alias, base.numel())
+    if problem is not None:
+        raise ValueError(f"{what} {problem}")
+    try:
+        return torch.as_strided(
+            base, alias.shape, alias.stride, base.storage_offset() + alias.offset
         )
-        if end > base.numel():
-            raise ValueError(f"alias of {alias.base!r} reaches past the stored tensor")
-    return torch.as_strided(base, alias.shape, alias.stride, base.storage_offset() + alias.offset)
+    except (RuntimeError, TypeError, ValueError) as exc:  # only what torch itself refuses
+        raise ValueError(f"{what} cannot be rebuilt ({_geometry(alias)}: {exc})") from None

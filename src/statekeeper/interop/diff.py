@@ -74,7 +74,7 @@ class DiffResult:
 
 def _as_tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
-        return value.detach()
+        return value.detach() if value.requires_grad else value
     if isinstance(value, np.ndarray) and value.dtype != object:
         return torch.from_numpy(np.ascontiguousarray(value))
     return None
@@ -84,7 +84,40 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _compare(key: str, a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> TensorDiff:
+def _view(t: torch.Tensor) -> tuple[Any, ...]:
+    """What decides a tensor's elements: its address, shape, strides, dtype and the lazy
+    conjugate and negative bits (views that share memory but not values)."""
+    address = t.data_ptr() if t.device.type != "meta" else id(t)
+    return (t.device, address, t.shape, t.stride(), t.dtype, t.is_conj(), t.is_neg())
+
+
+def _unrepeated(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` without the dimensions along which both repeat one value (stride 0 in
+    both: an ``expand``, or an alias that repeats its base): every difference appears in the
+    first slice, so comparing it gives the same result for the cost of the stored data."""
+    for dim in range(a.dim()):
+        if a.shape[dim] > 1 and a.stride(dim) == 0 and b.stride(dim) == 0:
+            a, b = a.narrow(dim, 0, 1), b.narrow(dim, 0, 1)
+    return a, b
+
+
+def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (same shape and dtype) hold bitwise-equal values, nan aside:
+    one pass, and no float64 copies, for the common case of equal tensors."""
+    try:
+        return bool(torch.equal(a, b))
+    except (RuntimeError, TypeError, NotImplementedError):  # a dtype equal does not support
+        return False
+
+
+def _compare(
+    key: str, a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, same: bool = False
+) -> TensorDiff:
+    """``same``: ``a`` and ``b`` are known to be the same view of the same memory."""
+    shape = tuple(a.shape)
+    if a.dtype == b.dtype and (same or _identical(*_unrepeated(a, b))):
+        return TensorDiff(key, shape, _dtype(a), _dtype(b), 0.0, 0.0, True)
+    a, b = _unrepeated(a, b)
     fa, fb = a.reshape(-1), b.reshape(-1)
     wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
     max_abs = max_rel = 0.0
@@ -104,7 +137,7 @@ def _compare(key: str, a: torch.Tensor, b: torch.Tensor, atol: float, rtol: floa
             within = within and bool(((delta <= tolerance) | both_nan).all())
     exact = atol == 0 and rtol == 0
     equal = within and (not exact or max_abs == 0)
-    return TensorDiff(key, tuple(a.shape), _dtype(a), _dtype(b), max_abs, max_rel, equal)
+    return TensorDiff(key, shape, _dtype(a), _dtype(b), max_abs, max_rel, equal)
 
 
 def _same_value(x: Any, y: Any) -> bool:
@@ -129,6 +162,7 @@ def compare_states(
     equal_tensors: list[str] = []
     equal_values = 0
     common = [k for k in fa if k in fb]
+    seen: dict[tuple[Any, ...], TensorDiff] = {}  # tied tensors (same views on both sides): once
     for n, key in enumerate(common):
         x, y = fa[key], fb[key]
         tx, ty = _as_tensor(x), _as_tensor(y)
@@ -140,7 +174,17 @@ def compare_states(
                 continue
             if tx.dtype != ty.dtype:
                 changed.append(Change(key, "dtype", _dtype(tx), _dtype(ty)))
-            result = _compare(key, tx, ty, atol, rtol)
+            # torch tensors live in the states all along, so their addresses name them (a
+            # numpy array may be a temporary copy): tied entries are compared once
+            held = isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+            pair = (_view(tx), _view(ty)) if held else None
+            result = seen.get(pair) if pair is not None else None
+            if result is None:
+                same = pair is not None and pair[0] == pair[1]
+                result = _compare(key, tx, ty, atol, rtol, same)
+                if pair is not None:
+                    seen[pair] = result
+            result = replace(result, key=key) if result.key != key else result
             (equal_tensors.append(key) if result.equal else different.append(result))
         elif _same_value(x, y):
             equal_values += 1

@@ -276,3 +276,33 @@ def test_diff_of_one_side_repeated_still_compares_every_element() -> None:
     b[2, 1] = 1.0
     (found,) = compare_states({"x": a}, {"x": b}).different
     assert found.max_abs == 1.0 and found.shape == (3, 4)
+
+
+def test_the_manifest_bounds_aliases_before_any_reader_runs(tmp_path: Path) -> None:
+    """A crafted alias is refused by the manifest parser itself, so even inspect (which reads
+    only the manifest) refuses it; tied weights named many times still load."""
+    import dataclasses
+
+    from tests.helpers.hostile import rewrite_manifest
+
+    from statekeeper.format.manifest import Manifest
+
+    weight = torch.ones(4, 4)
+    tied = {f"t{i}": weight for i in range(200)}  # 199 aliases of one view: 199x the base
+    sk.save(tmp_path / "tied", tied, step=1)
+    assert len(sk.read(tmp_path / "tied")) == 200
+    step = tmp_path / "tied" / "step_000000001"
+
+    def amplify(text: str) -> str:
+        manifest = Manifest.from_bytes("m", text.encode())
+        name = next(iter(manifest.aliases))
+        bad = dataclasses.replace(manifest.aliases[name], shape=(2**20, 2**20), stride=(0, 0))
+        return (
+            dataclasses.replace(manifest, aliases={**manifest.aliases, name: bad})
+            .to_bytes()
+            .decode()
+        )
+
+    rewrite_manifest(step, amplify)
+    with pytest.raises(sk.CorruptCheckpointError, match="repeats its base's memory too often"):
+        Manifest.from_bytes(str(step / "manifest.json"), (step / "manifest.json").read_bytes())

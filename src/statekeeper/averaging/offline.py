@@ -237,7 +237,7 @@ def average_checkpoints(
     for name, sig in ref.sigs.items():
         if sig.alias is not None:
             try:
-                averaged[name] = rebuild_alias(averaged[sig.alias.base], sig.alias)
+                averaged[name] = rebuild_alias(averaged[sig.alias.base], sig.alias, name=name)
             except ValueError as exc:
                 raise CorruptCheckpointError(ref.location.path(MANIFEST), str(exc)) from None
     state = unflatten(ref.skeleton, averaged.__getitem__, key or "")

@@ -95,7 +95,7 @@ def _load_tensors(
                 location.path(MANIFEST), f"alias {name!r} has no stored base"
             )
         try:
-            tensors[name] = rebuild_alias(base, alias)
+            tensors[name] = rebuild_alias(base, alias, name=name)
         except ValueError as exc:
             raise CorruptCheckpointError(location.path(MANIFEST), str(exc)) from None
     if manifest.sharding is not None:  # a sharded step: each global tensor from its chunks

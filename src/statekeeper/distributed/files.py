@@ -50,7 +50,7 @@ class VerifiedFiles:
         alias = self.manifest.aliases.get(name)
         if alias is not None:
             try:
-                return rebuild_alias(self.tensor(alias.base), alias)
+                return rebuild_alias(self.tensor(alias.base), alias, name=name)
             except ValueError as exc:
                 raise CorruptCheckpointError(self.location.path(MANIFEST), str(exc)) from None
         record = self.manifest.tensors.get(name)

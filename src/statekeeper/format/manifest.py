@@ -14,12 +14,13 @@ change to the manifest, even one that stays valid JSON, is detected. See ``docs/
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
-from statekeeper.format.aliases import Alias
+from statekeeper.format.aliases import MAX_ALIAS_AMPLIFICATION, Alias, alias_problem
 from statekeeper.format.checksum import ALGORITHM, checksum
 from statekeeper.format.jsondoc import depth_problem, parse_json
 from statekeeper.format.sharding import Sharding
@@ -144,7 +145,35 @@ class Manifest:
         problem = depth_problem(manifest.metrics)
         if problem is not None:
             raise CorruptCheckpointError(path, f"manifest metrics are {problem}")
+        if manifest.aliases:
+            _check_aliases(path, manifest)
         return manifest
+
+
+def _check_aliases(path: str, manifest: Manifest) -> None:
+    """Every alias a valid view of its stored base (:func:`alias_problem`), and all of them
+    together (each distinct view once: tied weights repeat one view) at most
+    ``MAX_ALIAS_AMPLIFICATION`` times the elements stored: readers (even ``inspect``, which
+    reads the manifest alone) never pay much more than what is on disk."""
+    logical = 0
+    distinct: set[Alias] = set()  # tied weights are one view, however often they are named
+    for name, alias in manifest.aliases.items():
+        record = manifest.tensors.get(alias.base)
+        if record is None:
+            raise CorruptCheckpointError(path, f"alias {name!r} has no stored base")
+        problem = alias_problem(alias, math.prod(record.shape))
+        if problem is not None:
+            raise CorruptCheckpointError(path, f"alias {name!r} of {alias.base!r} {problem}")
+        if alias not in distinct:
+            distinct.add(alias)
+            logical += math.prod(alias.shape)
+    stored = sum(math.prod(r.shape) for r in manifest.tensors.values())
+    if logical > MAX_ALIAS_AMPLIFICATION * max(stored, 1):
+        raise CorruptCheckpointError(
+            path,
+            f"its {len(distinct)} distinct aliases view {logical} elements, more than "
+            f"{MAX_ALIAS_AMPLIFICATION} times the {stored} stored",
+        )
 
 
 def _compact(value: Any) -> str:

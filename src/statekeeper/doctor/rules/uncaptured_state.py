@@ -24,6 +24,7 @@ import torch
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
 from statekeeper.doctor.rules.overlap import isolated_rng, not_fresh
+from statekeeper.state.compare import Leaves, first_difference, leaves
 
 __all__ = ["UncapturedState"]
 
@@ -39,20 +40,6 @@ def _seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
     random.seed(seed)
     np.random.seed(seed)
-
-
-def _leaves(out: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
-    """Every leaf of an output structure (tensors copied, so later calls cannot change them)."""
-    if isinstance(out, torch.Tensor):
-        yield path, out.detach().clone()
-    elif isinstance(out, Mapping):
-        for k, v in out.items():
-            yield from _leaves(v, f"{path}[{k!r}]")
-    elif isinstance(out, list | tuple):
-        for i, v in enumerate(out):
-            yield from _leaves(v, f"{path}[{i}]")
-    else:
-        yield path, out
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -78,18 +65,6 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # comparisons that do not reduce to a bool
         return a is b
-
-
-def _first_difference(
-    a: list[tuple[str, Any]], b: list[tuple[str, Any]]
-) -> tuple[str, Any, Any] | None:
-    for (path, va), (_, vb) in zip(a, b, strict=False):
-        if not _same(va, vb):
-            return path, va, vb
-    if len(a) != len(b):
-        path = (a if len(a) > len(b) else b)[min(len(a), len(b))][0]
-        return path, None, None
-    return None
 
 
 def _stateish(value: Any, depth: int = 0) -> bool:
@@ -154,11 +129,11 @@ class UncapturedState:
             except Exception:  # not every module can be copied: call A itself again instead
                 twin = None
             out_a = self._outputs(feed, a)
-            diff = _first_difference(out_a, self._outputs(feed, b))
+            diff = first_difference(out_a, self._outputs(feed, b))
             if diff is None:
                 return
             again = self._outputs(feed, twin if twin is not None else a)
-            if _first_difference(out_a, again) is not None:
+            if first_difference(out_a, again) is not None:
                 yield Finding(
                     self.id, Severity.WARNING, "model",
                     "skipped: the output is nondeterministic (the same state and seed give "
@@ -184,10 +159,12 @@ class UncapturedState:
         model.eval()
 
     @staticmethod
-    def _outputs(feed: Target, model: torch.nn.Module) -> list[tuple[str, Any]]:
+    def _outputs(feed: Target, model: torch.nn.Module) -> Leaves:
+        """Every leaf of the output, wherever it sits (tuples, dicts, dataclasses, model
+        outputs, cache objects): two outputs are equal when their tensors are."""
         _seed(_CALL_SEED)
         with torch.no_grad():
-            return list(_leaves(feed.call(model)))
+            return list(leaves(feed.call(model)))
 
     def _finding(self, diff: tuple[str, Any, Any], suspects: list[str]) -> Finding:
         path, va, vb = diff

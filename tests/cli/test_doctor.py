@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -89,3 +90,16 @@ def test_python_api_is_statekeeper_doctor_run() -> None:
 
     assert statekeeper.doctor.run is run
     assert statekeeper.doctor.Report is type(run(torch.nn.Linear(2, 2)))
+
+
+def test_report_prints_user_text_literally(capsys: pytest.CaptureFixture[str]) -> None:
+    from statekeeper.cli import render
+    from statekeeper.doctor.finding import Finding, Report, Severity
+
+    finding = Finding("SK004", Severity.WARNING, "[bold]blocks", "cache[0] at :llama:", "fix it")
+    report = Report("models:llama", (finding,), (("SK004", "x"), ("SK006", "y")),
+                    (("SK006", "needs an example input: return ..."),), 0.5)  # fmt: skip
+    render.doctor_report(report, as_json=False)
+    out = capsys.readouterr().out
+    assert "models:llama" in out and "[bold]blocks" in out and "cache[0] at :llama:" in out
+    assert "1 of 2 rules skipped" in out

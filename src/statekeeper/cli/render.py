@@ -221,23 +221,31 @@ def verify_summary(results: list[StepResult]) -> None:
 
 
 def doctor_report(report: DoctorReport, as_json: bool) -> None:
-    """The doctor's findings grouped by severity, each with its fix; or JSON."""
+    """The doctor's findings grouped by severity, each with its fix; or JSON. User text (the
+    target's name, problems, tensor names) is printed as text, never as markup or emoji."""
     if as_json:
         emit_json(report.to_json())
         return
     out = stdout_console()
-    out.print(f"[bold]statekeeper doctor[/bold] {report.target}: {len(report.rules)} rules, "
-              f"{report.seconds:.1f} s")  # fmt: skip
+    head = Text("statekeeper doctor", style="bold")
+    head.append(f" {report.target}: {len(report.rules)} rules, {report.seconds:.1f} s", style="")
+    out.print(head, soft_wrap=True)
     colors = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
     for severity, color in colors.items():
         for f in report.by_severity(severity):
             what = f" {f.tensor}" if f.tensor else ""
             size = f" {tuple(f.shape)}" if f.shape is not None else ""
             size += f" {human_bytes(f.bytes)}" if f.bytes is not None else ""
-            out.print(f"[{color}]{f.rule} {severity}[/{color}] [bold]{f.where}{what}[/bold]{size}")
-            out.print(f"  {f.problem}")
-            out.print(f"  fix: {f.fix}")
+            line = Text(f"{f.rule} {severity}", style=color)
+            line.append(f" {f.where}{what}", style="bold")
+            line.append(size)
+            out.print(line, soft_wrap=True)
+            out.print(Text(f"  {f.problem}"), soft_wrap=True)
+            out.print(Text(f"  fix: {f.fix}"), soft_wrap=True)
     for rule, reason in report.skipped:
-        out.print(f"[dim]{rule} skipped: {reason}[/dim]")
+        out.print(Text(f"{rule} skipped: {reason}", style="dim"), soft_wrap=True)
     counts = ", ".join(f"{len(report.by_severity(s))} {s}" for s in colors)
-    out.print("clean" if not report.findings else counts)
+    summary = "clean" if not report.findings else counts
+    if report.skipped:
+        summary += f" ({len(report.skipped)} of {len(report.rules)} rules skipped: see above)"
+    out.print(Text(summary), soft_wrap=True)

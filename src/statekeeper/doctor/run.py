@@ -9,11 +9,29 @@ from typing import Any
 import torch
 
 from statekeeper.doctor.finding import Finding, Report
-from statekeeper.doctor.rule import Rule, Target
+from statekeeper.doctor.rule import Need, Rule, Target
 from statekeeper.doctor.rules import RULES
 from statekeeper.doctor.target import build_target
 
 __all__ = ["run"]
+
+
+_HOW = {
+    Need.MODEL: "needs a model: the factory must return an nn.Module (or a dict with model=)",
+    Need.INPUT: (
+        "needs an example input: return {'model': model, 'example_input': x} from the "
+        "factory (x: a tensor, a tuple of arguments or a dict of keyword arguments)"
+    ),
+    Need.FACTORY: (
+        "needs a factory that builds fresh instances: pass a function (or 'module:function' "
+        "on the command line), not a built model"
+    ),
+    Need.SPEC: (
+        "needs an importable factory: a module-level function ('module:function' on the "
+        "command line), so that subprocesses can build it"
+    ),
+}
+"""How to give a rule what it needs, for the report's list of skipped rules."""
 
 
 def _spec_of(factory: Callable[[], Any]) -> str | None:
@@ -40,9 +58,9 @@ def run(target: Any, *, rules: tuple[Rule, ...] = RULES, spec: str | None = None
     findings: list[Finding] = []
     skipped: list[tuple[str, str]] = []
     for rule in rules:
-        missing = [str(n) for n in sorted(rule.needs) if not subject.has(n)]
+        missing = [n for n in sorted(rule.needs) if not subject.has(n)]
         if missing:
-            skipped.append((rule.id, f"needs {', '.join(missing)}"))
+            skipped.append((rule.id, "; ".join(_HOW[n] for n in missing)))
             continue
         findings.extend(rule.check(subject))
     if spec is None and callable(target) and not isinstance(target, torch.nn.Module):

@@ -93,11 +93,42 @@ def _train_step(target: Target, model: torch.nn.Module) -> None:
             m.training = training
 
 
+def _uniform(t: torch.Tensor) -> bool:
+    """All elements equal: how state starts (zeros, ones, a counter), not a derived table."""
+    flat = t.detach().reshape(-1)
+    return bool(torch.equal(flat, flat[:1].expand_as(flat)))
+
+
+def _unconfirmed(candidates: dict[str, torch.Tensor], constant: list[str]) -> Iterator[Finding]:
+    """Without an example input: buffers identical in every fresh build that are not a
+    uniform fill (a grid, a table, a mask) are likely constants, reported as unconfirmed."""
+    for name in constant:
+        buf = candidates[name]
+        if _uniform(buf):
+            continue
+        size = buf.numel() * buf.element_size()
+        yield Finding(
+            DerivedConstant.id,
+            Severity.WARNING,
+            module_path(name),
+            f"persistent buffer '{name}' ({size} bytes) is identical in fresh builds under "
+            f"torch seeds {_SEEDS[0]} and {_SEEDS[1]} and is no uniform fill: likely a "
+            "constant rebuilt in __init__, yet saved in every checkpoint (unconfirmed: with no "
+            "example input, no training step could show that it never changes)",
+            f"if it is rebuilt in __init__, register it with register_buffer("
+            f"'{name.rpartition('.')[2]}', tensor, persistent=False); to confirm, return "
+            "{'model': model, 'example_input': x} from the factory",
+            tensor=name,
+            shape=tuple(buf.shape),
+            bytes=size,
+        )
+
+
 class DerivedConstant:
     id = "SK003"
     summary = "a persistent buffer is a constant rebuilt in __init__: it bloats checkpoints"
     severity = Severity.WARNING
-    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY, Need.INPUT})
+    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY})
 
     def check(self, target: Target) -> Iterator[Finding]:
         assert target.model is not None
@@ -122,6 +153,9 @@ class DerivedConstant:
             and _same(first[name], second[name])
         ]
         if not constant:
+            return
+        if not target.has(Need.INPUT):  # no training step to confirm: report the likely ones
+            yield from _unconfirmed(candidates, constant)
             return
         before = {name: first[name].detach().clone() for name in constant}
         try:

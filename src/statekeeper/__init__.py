@@ -17,7 +17,7 @@ from statekeeper.averaging.rules import EMA, SWA, AveragingRule
 from statekeeper.checkpoint.checkpointer import Checkpointer
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
-from statekeeper.checkpoint.load import StatekeeperWarning, Strict, load, read
+from statekeeper.checkpoint.load import Strict, load, read
 from statekeeper.checkpoint.policies import (
     AtSteps,
     EverySeconds,
@@ -33,6 +33,7 @@ from statekeeper.checkpoint.save import save
 from statekeeper.data.loader import ResumableLoader
 from statekeeper.data.sampler import ResumableBatchSampler, ResumableSampler
 from statekeeper.data.seeding import SeededDataset
+from statekeeper.data.worker_rng import WorkerRNGDataset
 from statekeeper.distributed.scope import PerRank, Scope
 from statekeeper.errors import (
     CorruptCheckpointError,
@@ -41,6 +42,7 @@ from statekeeper.errors import (
     LoadStateError,
     RankFailure,
     StatekeeperError,
+    StatekeeperWarning,
     StepExistsError,
     StepNotFoundError,
     StorageError,
@@ -110,6 +112,7 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedValueError",
     "Value",
+    "WorkerRNGDataset",
     "WriterConflictError",
     "__version__",
     "get_ema_avg_fn",

@@ -16,6 +16,9 @@ The tree::
     ├── RankFailure (RuntimeError)              another rank of a distributed save/load failed
     └── StorageError (OSError)                  the storage backend failed an operation
 
+``StatekeeperWarning`` (a ``UserWarning``) is the one warning class: something was repaired
+or is worth knowing, but nothing was lost.
+
 Each subclass also derives from the builtin that fits, so ``except FileNotFoundError`` keeps
 working in code that does not know statekeeper. Messages name the key, file or step and the fix.
 """
@@ -31,6 +34,7 @@ __all__ = [
     "LoadStateError",
     "RankFailure",
     "StatekeeperError",
+    "StatekeeperWarning",
     "StepExistsError",
     "StepNotFoundError",
     "StorageError",
@@ -43,6 +47,10 @@ __all__ = [
 
 class StatekeeperError(Exception):
     """Root of every error statekeeper raises."""
+
+
+class StatekeeperWarning(UserWarning):
+    """Something was repaired or is worth knowing, but nothing was lost."""
 
 
 class CorruptCheckpointError(StatekeeperError, ValueError):

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial
-from statekeeper.checkpoint.load import StatekeeperWarning, Strict, check_assignable, load
+from statekeeper.checkpoint.load import Strict, check_assignable, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.naming import parse_entry
 from statekeeper.checkpoint.policies import Retention, SavePolicy
@@ -33,6 +33,7 @@ from statekeeper.errors import (
     InvalidArgumentError,
     RankFailure,
     StatekeeperError,
+    StatekeeperWarning,
     StepNotFoundError,
     UnsupportedFormatError,
 )

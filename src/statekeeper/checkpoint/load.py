@@ -16,7 +16,12 @@ from statekeeper.checkpoint.location import Location, PathOrStorage, locate, res
 from statekeeper.checkpoint.reader import PendingStep, Progress, read_step
 from statekeeper.data.torchdata import is_stateful_dataloader, restore_loader
 from statekeeper.distributed.scope import Scope, is_distributed
-from statekeeper.errors import InvalidArgumentError, KeyMismatchError, LoadStateError
+from statekeeper.errors import (
+    InvalidArgumentError,
+    KeyMismatchError,
+    LoadStateError,
+    StatekeeperWarning,
+)
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.reading import read_foreign
 from statekeeper.state.modules import unwrap
@@ -25,10 +30,6 @@ from statekeeper.state.rng import RNGState
 from statekeeper.stateful import is_stateful
 
 __all__ = ["StatekeeperWarning", "Strict", "load", "read"]
-
-
-class StatekeeperWarning(UserWarning):
-    """Something was repaired or is worth knowing, but nothing was lost."""
 
 
 class Strict(StrEnum):

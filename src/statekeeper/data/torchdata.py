@@ -19,12 +19,13 @@ cannot resume the same order: saving such a loader is refused with the fix.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, StatekeeperWarning
 
 __all__ = [
     "UNRESUMABLE_SAMPLERS",
@@ -88,6 +89,34 @@ def refuse_plain_dataloader(name: str, obj: object) -> None:
         )
 
 
+def _carries_worker_rng(dataset: Any) -> bool:
+    """Whether the workers' random state is saved with the loader (torchdata snapshots a
+    Stateful dataset per worker), or items do not depend on it (per-sample seeding)."""
+    from statekeeper.data.seeding import SeededDataset
+
+    if isinstance(dataset, SeededDataset | torch.utils.data.IterableDataset):
+        return True  # iterable datasets carry their own state (Stateful or not resumable)
+    return callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
+    )
+
+
+def _warn_worker_randomness(name: str, loader: Any) -> None:
+    """Never silent: a loader whose workers' random draws cannot be resumed says so at save."""
+    workers = getattr(loader, "num_workers", 0)
+    if workers and not _carries_worker_rng(getattr(loader, "dataset", None)):
+        warnings.warn(
+            f"statekeeper: state entry {name!r} is a StatefulDataLoader with "
+            f"num_workers={workers}: random numbers its workers draw in __getitem__ (random "
+            "augmentation) are not saved, so a run resumed mid-epoch would augment the same "
+            "samples differently. If the dataset draws random numbers, wrap it: "
+            "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...); if it does not, "
+            "ignore this warning.",
+            StatekeeperWarning,
+            stacklevel=4,
+        )
+
+
 def capture_loader(name: str, loader: Any) -> dict[str, Any]:
     """The loader's own state plus its generators' current states; refuses what cannot resume."""
     sampler = _sampler(loader)
@@ -98,6 +127,7 @@ def capture_loader(name: str, loader: Any) -> dict[str, Any]:
             "permutation when re-created). Use shuffle=True with generator=..., torchdata's "
             "stateful_dataloader.sampler.RandomSampler, or statekeeper.ResumableSampler."
         )
+    _warn_worker_randomness(name, loader)
     own = loader.state_dict()  # first: before the first iter() this builds the iterator (draws)
     generators = {
         role: (None if g is None else g.get_state()) for role, g in _generators(loader).items()

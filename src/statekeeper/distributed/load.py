@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.load import StatekeeperWarning, Strict, _apply
+from statekeeper.checkpoint.load import Strict, _apply
 from statekeeper.checkpoint.location import Location, locate
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.distributed.dcp_storage import ManifestReader
@@ -44,6 +44,7 @@ from statekeeper.errors import (
     KeyMismatchError,
     RankFailure,
     StatekeeperError,
+    StatekeeperWarning,
 )
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.sharding import ShardedRecord, dtype_from_name

@@ -1,4 +1,4 @@
-"""What a ``torch.save`` file may claim, checked around ``torch.load(weights_only=True)``.
+"""What a ``torch.save`` file may claim, checked around weights-only loading.
 
 ``torch.load`` trusts a file's claims in places; each check here is made before torch acts
 on the claim, against the bytes really present:

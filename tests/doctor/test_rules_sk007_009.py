@@ -304,7 +304,7 @@ def test_torch_save_of_a_state_dict_gets_inspect_s_safe_verdict(
     report = check_checkpoint(str(path))
     (finding,) = report.findings
     assert (finding.rule, finding.severity, finding.where) == ("SK008", Severity.INFO, "w.pt")
-    assert "weights_only=True) opens it without running code" in finding.problem
+    assert "weights_only=True opens it without running code" in finding.problem
     assert report.exit_code == 0
 
 

@@ -44,7 +44,7 @@ _MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
 SAFE = "safe format"
 PICKLE_PROBLEM = "this file is a pickle that weights_only loading refuses: loading it runs code"
 WEIGHTS_ONLY = (
-    "a torch.save pickle holding only tensors and plain values: torch.load(weights_only=True) "
+    "a torch.save pickle holding only tensors and plain values: torch.load with weights_only=True "
     "opens it without running code, as statekeeper read and inspect do"
 )
 WEIGHTS_ONLY_FIX = (

@@ -113,6 +113,20 @@ def test_world_4_reshards(saved: tuple[Path, Path]) -> None:
     assert all(r["counter"] == 3 for r in reports(out, "resume4", 4))
 
 
+def test_world_1_dtensor_model_loads_a_sharded_step(saved: tuple[Path, Path]) -> None:
+    """FSDP2 in a process group of one: the DTensor state goes the distributed way (it
+    failed with "got mixed torch.Tensor and DTensor" after earlier entries were applied)."""
+    run, out = saved
+    assert launch("resume", 1, run, out) == [0]
+    reference = load_file(str(out / "reference.safetensors"))
+    resumed = load_file(str(out / "resume1.safetensors"))
+    assert resumed
+    for key, value in resumed.items():
+        assert torch.equal(value, reference[key]), key
+    (report,) = reports(out, "resume1", 1)
+    assert report["step"] == 3 and report["counter"] == 3
+
+
 def test_world_1_reads_and_loads_a_sharded_step(saved: tuple[Path, Path]) -> None:
     run, out = saved
     reference = load_file(str(out / "reference.safetensors"))
@@ -219,3 +233,15 @@ def test_assert_resumes_exactly_across_processes() -> None:
     from statekeeper.testing import assert_resumes_exactly
 
     assert_resumes_exactly(fsdp_run, steps=4, stop_at=2, world_size=2)
+
+
+def test_world_1_dtensor_model_saves_and_resumes(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    assert launch("save", 1, run, out) == [0]
+    manifest = json.loads((run / "step_000000003" / "manifest.json").read_text())
+    assert manifest["version"] == 2  # the distributed (sharded) format, from one rank
+    assert launch("resume", 1, run, out) == [0]
+    reference = load_file(str(out / "reference.safetensors"))
+    for key, value in load_file(str(out / "resume1.safetensors")).items():
+        assert torch.equal(value, reference[key]), key

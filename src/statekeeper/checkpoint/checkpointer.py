@@ -221,7 +221,7 @@ class Checkpointer:
         """Save now (RNG included), then apply retention (in the background if async)."""
         self._check_open()
         full = self._with_rng(state)
-        if self._distributed:
+        if self._distributed or is_distributed(self._scope, full):
             from statekeeper.distributed.save import save_distributed
 
             info = save_distributed(self.storage, full, step=step, metrics=metrics)

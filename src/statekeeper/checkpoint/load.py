@@ -236,7 +236,7 @@ def load(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
         )
     check_assignable(state)
-    if is_distributed(scope):
+    if is_distributed(scope, state):
         from statekeeper.distributed.load import load_distributed
 
         info = load_distributed(resolve_storage(directory), state, step=step, strict=strict)

@@ -151,7 +151,7 @@ def save(
     """
     storage = resolve_storage(directory)
     validate_step(step)
-    if is_distributed(scope):
+    if is_distributed(scope, state):
         if not blocking:
             raise InvalidArgumentError(
                 "blocking=False is not supported for distributed saves yet; save with "

@@ -176,3 +176,15 @@ def test_main_version_and_help(invoke: Invoke) -> None:
     assert result.exit_code == 0 and statekeeper.__version__ in result.stdout
     help_text = invoke("--help").stdout
     assert all(name in help_text for name in ("ls", "inspect", "verify"))
+
+
+def test_piped_output_never_folds_a_name_mid_word(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from statekeeper.cli.main import main
+
+    name = "encoder.layers.0.self_attention.query_key_value.weight_with_a_long_name"
+    statekeeper.save(tmp_path, {"model": {name: torch.ones(2)}}, step=1)
+    result = CliRunner(env={"COLUMNS": "60"}).invoke(main, ["inspect", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert any(name in line for line in result.output.splitlines())

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from click.testing import Result
 
 from statekeeper.format.manifest import Manifest
@@ -108,3 +109,23 @@ def test_verify_usage_errors_exit_2(invoke: Invoke, run_dir: Path, tmp_path: Pat
     for result in (missing, nothing, unknown):
         assert result.stderr.startswith("Error: ")
         assert "Traceback" not in result.output
+
+
+def test_verify_names_foreign_checkpoints_and_missing_paths(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from safetensors.torch import save_file
+
+    from statekeeper.cli.main import main
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file({"w": torch.ones(2)}, str(folder / "model.safetensors"))
+    torch.save({"w": torch.ones(2)}, tmp_path / "weights.pt")
+    runner = CliRunner()
+    for target, kind in ((folder, "huggingface"), (tmp_path / "weights.pt", "torch")):
+        result = runner.invoke(main, ["verify", str(target)])
+        assert result.exit_code == 2
+        assert f"is a {kind} checkpoint, not a statekeeper step" in result.output
+        assert "statekeeper inspect" in result.output and "no committed" not in result.output
+    missing = runner.invoke(main, ["verify", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output

@@ -55,12 +55,23 @@ __all__ = [
 PARTIAL_NOTE = "partial (interrupted save, never read)"
 
 
+_UNWRAPPED = 1 << 20
+"""The width when output goes to a pipe or a file: lines and tables are never folded there
+(a tensor name cut mid-word breaks grep and copy-paste); on a terminal its width applies."""
+
+
+def _console(stderr: bool = False) -> Console:
+    probe = Console(stderr=stderr)
+    width = None if probe.is_terminal else _UNWRAPPED
+    return Console(stderr=stderr, highlight=False, emoji=False, width=width)
+
+
 def stdout_console() -> Console:
-    return Console(highlight=False)
+    return _console()
 
 
 def _err() -> Console:
-    return Console(stderr=True, highlight=False)
+    return _console(stderr=True)
 
 
 def human_bytes(n: int) -> str:

@@ -14,6 +14,7 @@ from statekeeper.checkpoint.reader import read_manifest, read_step
 from statekeeper.cli import render
 from statekeeper.errors import InvalidArgumentError, StatekeeperError
 from statekeeper.format.manifest import MANIFEST
+from statekeeper.interop.detect import foreign_format
 from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.urls import is_url
 
@@ -91,6 +92,16 @@ def verify(path: str, step: int | None, as_json: bool) -> None:
     the manifest. Exit status: 0 all good, 1 a step failed, 2 nothing to verify.
     """
     with render.reported_errors():
+        foreign = None if is_url(path) else foreign_format(path)
+        if foreign is not None:
+            render.fail(
+                f"{path} is a {foreign[1]} checkpoint, not a statekeeper step: it carries no "
+                "checksums to verify. Read it with `statekeeper inspect`, or make a checksummed "
+                "statekeeper step of it with `statekeeper convert`",
+                2,
+            )
+        if not is_url(path) and not Path(path).exists():
+            render.fail(f"{path} does not exist; pass a run directory or a step directory", 2)
         if not is_url(path) and not Path(path).is_dir():
             render.fail(f"{path} is not a directory; pass a run directory or a step directory", 2)
         locations = targets(path, step)

@@ -22,7 +22,7 @@ EXPECTED = {
     "UnsupportedValueError", "Value", "WorkerRNGDataset", "WriterConflictError", "__version__",
     "average_checkpoints",
     "list_checkpoints", "list_partial", "load", "read", "remove_partial", "save",
-    "DiffResult", "UnsafePickleError", "convert", "diff", "export",
+    "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
 }  # fmt: skip
 

@@ -54,6 +54,7 @@ from statekeeper.errors import (
 from statekeeper.interop.convert import convert
 from statekeeper.interop.diff import DiffResult, diff
 from statekeeper.interop.export import export
+from statekeeper.interop.tied import TiedKeys
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import Stateful, Value
@@ -107,6 +108,7 @@ __all__ = [
     "StorageError",
     "OptimizerChange",
     "Strict",
+    "TiedKeys",
     "Transaction",
     "UnsafePickleError",
     "UnsupportedFormatError",

@@ -7,6 +7,7 @@ import click
 from statekeeper.cli import render, render_interop
 from statekeeper.cli.options import prefixes, strip_options
 from statekeeper.interop.diff import diff
+from statekeeper.interop.tied import TiedKeys
 
 __all__ = ["diff_command"]
 
@@ -37,10 +38,18 @@ __all__ = ["diff_command"]
     show_default=True,
     help="Rows shown per section (--json lists all).",
 )
+@click.option(
+    "--tied",
+    type=click.Choice([t.value for t in TiedKeys]),
+    default=TiedKeys.AUTO.value,
+    show_default=True,
+    help="A key one side omits because it is tied to another: match it through its twin "
+    "(auto: for Hugging Face folders and safetensors files), or require it (strict).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def diff_command(
     a: str, b: str, atol: float, rtol: float, key: str | None, strip_wrappers: bool,
-    strip: tuple[str, ...], show: int, as_json: bool,
+    strip: tuple[str, ...], show: int, tied: str, as_json: bool,
 ) -> None:  # fmt: skip
     """Compare the checkpoints A and B, in any formats statekeeper reads.
 
@@ -51,7 +60,7 @@ def diff_command(
     """
     with render.reported_errors(), render.ByteProgress(enabled=not as_json, counts=True) as bar:
         result = diff(a, b, atol=atol, rtol=rtol, key=key, strip=prefixes(strip_wrappers, strip),
-                      progress=bar.phase("comparing tensors"))  # fmt: skip
+                      tied=TiedKeys(tied), progress=bar.phase("comparing tensors"))  # fmt: skip
     if as_json:
         render.emit_json(result.to_json())
     else:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.interop.tied import TiedKeys, drop_tied
 from statekeeper.interop.tree import WRAPPER_PREFIXES, flat_leaves, select, strip_prefixes
 
 __all__ = ["WRAPPER_PREFIXES", "Change", "DiffResult", "TensorDiff", "compare_states", "diff"]
@@ -211,6 +212,7 @@ def diff(
     rtol: float = 0.0,
     key: str | None = None,
     strip: Sequence[str] = (),
+    tied: TiedKeys = TiedKeys.AUTO,
     progress: Callable[[int, int], None] | None = None,
 ) -> DiffResult:
     """Compare two checkpoints of any readable formats (paths, or states already read).
@@ -221,7 +223,12 @@ def diff(
     prefixes from every key: pass :data:`WRAPPER_PREFIXES` (``module.``, ``_orig_mod.``)
     to ignore DDP and ``torch.compile`` wrappers. Tensors are equal when every element
     satisfies ``|a - b| <= atol + rtol * |b|`` (bitwise-equal values when both are 0).
+    ``tied`` decides whether a key one side omits because it is tied to another counts as
+    equal (:class:`~statekeeper.interop.tied.TiedKeys`; by default for Hugging Face folders
+    and safetensors files, which store tied weights once).
     """
+    if not isinstance(tied, TiedKeys):
+        raise InvalidArgumentError(f"tied must be a TiedKeys, got {tied!r}")
     from statekeeper.checkpoint.load import read
 
     states = []
@@ -239,11 +246,25 @@ def diff(
             else:
                 notes.append(f"{label[i]} has no entry {key!r}: compared whole")
     flats = [strip_prefixes(flat_leaves(s), tuple(strip)) for s in states]
+    if tied is TiedKeys.MATCH or (tied is TiedKeys.AUTO and _stores_ties_once(a, b)):
+        flats[0], flats[1], tie_notes = drop_tied(flats[0], flats[1], (label[0], label[1]))
+        notes += tie_notes
     result = compare_states(flats[0], flats[1], atol=atol, rtol=rtol, names=(label[0], label[1]),
                             progress=progress)  # fmt: skip
     if strip:
         notes.append(f"stripped prefixes {', '.join(map(repr, strip))}")
     return replace(result, notes=tuple(notes))
+
+
+def _stores_ties_once(*sides: Any) -> bool:
+    """Whether a side is a path in a format that stores tied weights once."""
+    from statekeeper.interop.detect import Format, foreign_format
+
+    for side in sides:
+        found = foreign_format(side) if isinstance(side, str | Path) else None
+        if found is not None and found[1] in (Format.HUGGINGFACE, Format.SAFETENSORS):
+            return True
+    return False
 
 
 def _has_key(state: dict[str, Any], key: str) -> bool:

@@ -1,0 +1,71 @@
+"""Keys that one side omits because they are tied: ``diff``'s ``tied=`` option.
+
+Hugging Face folders (``save_pretrained``) and safetensors files written by
+``transformers`` store tied weights once: a GPT-2 folder has ``transformer.wte.weight`` but
+no ``lm_head.weight``, while ``torch.save(model.state_dict())`` of the same model holds both,
+sharing memory. Compared naively, the folder "differs" by one missing key. With ties
+matched, a key present on one side only, whose tensor there is the very same view as a key
+both sides hold (same memory, shape, strides and dtype), counts as omitted because tied: it
+is left out of the comparison (its twin is compared) and named in a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+__all__ = ["TiedKeys", "drop_tied"]
+
+
+class TiedKeys(StrEnum):
+    """How ``diff`` treats a key one side omits because it is tied to another.
+
+    - ``AUTO`` (default): ``MATCH`` when either side is a Hugging Face folder or a
+      safetensors file (formats that store tied weights once), else ``STRICT``;
+    - ``MATCH``: such a key is equal when its twin is (named in a note);
+    - ``STRICT``: every key must be on both sides.
+    """
+
+    AUTO = "auto"
+    MATCH = "match"
+    STRICT = "strict"
+
+
+def _view(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
+            t.dtype)  # fmt: skip
+
+
+def _twins(flat: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, str]:
+    """Keys of ``flat`` that ``other`` lacks, mapped to a key both hold with the same view."""
+    shared: dict[tuple[Any, ...], str] = {}
+    for key, value in flat.items():
+        if key in other and isinstance(value, torch.Tensor) and value.device.type != "meta":
+            shared.setdefault(_view(value), key)
+    found = {}
+    for key, value in flat.items():
+        if key not in other and isinstance(value, torch.Tensor) and value.device.type != "meta":
+            twin = shared.get(_view(value))
+            if twin is not None:
+                found[key] = twin
+    return found
+
+
+def drop_tied(
+    a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """``a`` and ``b`` without the keys one side omits because they are tied, and notes."""
+    notes = []
+    out = []
+    for flat, other, (mine, theirs) in ((a, b, names), (b, a, names[::-1])):
+        twins = _twins(flat, other)
+        for key, twin in sorted(twins.items()):
+            notes.append(
+                f"{key}: only in {mine}, where it is tied to {twin}; {theirs} stores the tie "
+                "once (compared through its twin)"
+            )
+        out.append({k: v for k, v in flat.items() if k not in twins})
+    return out[0], out[1], notes

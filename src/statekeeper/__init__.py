@@ -1,67 +1,160 @@
-"""statekeeper: training state that survives. Faithful, safe and fast checkpoints for PyTorch."""
+"""statekeeper: training state that survives. Faithful, safe and fast checkpoints for PyTorch.
+
+The public API is imported on first use (PEP 562), so ``import statekeeper`` and the
+command line start without importing torch until something needs it (``statekeeper ls``
+of a run never does).
+"""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib as _importlib
+import typing as _typing
 
-from statekeeper.averaging.averaged_model import AveragedModel, BufferPolicy
-from statekeeper.averaging.bn import update_bn
-from statekeeper.averaging.functions import (
-    get_ema_avg_fn,
-    get_ema_multi_avg_fn,
-    get_swa_avg_fn,
-    get_swa_multi_avg_fn,
-)
-from statekeeper.averaging.offline import average_checkpoints
-from statekeeper.averaging.rules import EMA, SWA, AveragingRule
-from statekeeper.checkpoint.checkpointer import Checkpointer
-from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
-from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
-from statekeeper.checkpoint.load import Strict, load, read
-from statekeeper.checkpoint.policies import (
-    AtSteps,
-    EverySeconds,
-    EverySteps,
-    KeepBest,
-    KeepEvery,
-    KeepLatest,
-    Mode,
-    Retention,
-    SavePolicy,
-)
-from statekeeper.checkpoint.save import save
-from statekeeper.data.loader import ResumableLoader
-from statekeeper.data.sampler import ResumableBatchSampler, ResumableSampler
-from statekeeper.data.seeding import SeededDataset
-from statekeeper.data.worker_rng import WorkerRNGDataset
-from statekeeper.distributed.scope import PerRank, Scope
-from statekeeper.errors import (
-    CorruptCheckpointError,
-    InvalidArgumentError,
-    KeyMismatchError,
-    LoadStateError,
-    RankFailure,
-    StatekeeperError,
-    StatekeeperWarning,
-    StepExistsError,
-    StepNotFoundError,
-    StorageError,
-    UnsafePickleError,
-    UnsupportedFormatError,
-    UnsupportedValueError,
-    WriterConflictError,
-)
-from statekeeper.interop.convert import convert
-from statekeeper.interop.diff import DiffResult, diff
-from statekeeper.interop.export import export
-from statekeeper.interop.tied import TiedKeys
-from statekeeper.state.optimizer import OptimizerChange
-from statekeeper.state.rng import RNGState
-from statekeeper.stateful import Stateful, Value
-from statekeeper.storage.base import SharedStorage, Storage, Transaction
-from statekeeper.storage.fsspec import FsspecStorage
-from statekeeper.storage.local import LocalStorage
-from statekeeper.storage.memory import InjectedFailure, MemoryStorage
+from statekeeper._version import __version__
+
+if _typing.TYPE_CHECKING:
+    from statekeeper.averaging.averaged_model import AveragedModel, BufferPolicy
+    from statekeeper.averaging.bn import update_bn
+    from statekeeper.averaging.functions import (
+        get_ema_avg_fn,
+        get_ema_multi_avg_fn,
+        get_swa_avg_fn,
+        get_swa_multi_avg_fn,
+    )
+    from statekeeper.averaging.offline import average_checkpoints
+    from statekeeper.averaging.rules import EMA, SWA, AveragingRule
+    from statekeeper.checkpoint.checkpointer import Checkpointer
+    from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
+    from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
+    from statekeeper.checkpoint.load import Strict, load, read
+    from statekeeper.checkpoint.policies import (
+        AtSteps,
+        EverySeconds,
+        EverySteps,
+        KeepBest,
+        KeepEvery,
+        KeepLatest,
+        Mode,
+        Retention,
+        SavePolicy,
+    )
+    from statekeeper.checkpoint.save import save
+    from statekeeper.data.loader import ResumableLoader
+    from statekeeper.data.sampler import ResumableBatchSampler, ResumableSampler
+    from statekeeper.data.seeding import SeededDataset
+    from statekeeper.data.worker_rng import WorkerRNGDataset
+    from statekeeper.distributed.scope import PerRank, Scope
+    from statekeeper.errors import (
+        CorruptCheckpointError,
+        InvalidArgumentError,
+        KeyMismatchError,
+        LoadStateError,
+        RankFailure,
+        StatekeeperError,
+        StatekeeperWarning,
+        StepExistsError,
+        StepNotFoundError,
+        StorageError,
+        UnsafePickleError,
+        UnsupportedFormatError,
+        UnsupportedValueError,
+        WriterConflictError,
+    )
+    from statekeeper.interop.convert import convert
+    from statekeeper.interop.diff import DiffResult, diff
+    from statekeeper.interop.export import export
+    from statekeeper.interop.tied import TiedKeys
+    from statekeeper.state.optimizer import OptimizerChange
+    from statekeeper.state.rng import RNGState
+    from statekeeper.stateful import Stateful, Value
+    from statekeeper.storage.base import SharedStorage, Storage, Transaction
+    from statekeeper.storage.fsspec import FsspecStorage
+    from statekeeper.storage.local import LocalStorage
+    from statekeeper.storage.memory import InjectedFailure, MemoryStorage
+
+_EXPORTS = {
+    "AtSteps": "statekeeper.checkpoint.policies",
+    "AveragedModel": "statekeeper.averaging.averaged_model",
+    "AveragingRule": "statekeeper.averaging.rules",
+    "BufferPolicy": "statekeeper.averaging.averaged_model",
+    "CheckpointInfo": "statekeeper.checkpoint.info",
+    "Checkpointer": "statekeeper.checkpoint.checkpointer",
+    "CorruptCheckpointError": "statekeeper.errors",
+    "DiffResult": "statekeeper.interop.diff",
+    "EMA": "statekeeper.averaging.rules",
+    "EverySeconds": "statekeeper.checkpoint.policies",
+    "EverySteps": "statekeeper.checkpoint.policies",
+    "FsspecStorage": "statekeeper.storage.fsspec",
+    "InjectedFailure": "statekeeper.storage.memory",
+    "InvalidArgumentError": "statekeeper.errors",
+    "KeepBest": "statekeeper.checkpoint.policies",
+    "KeepEvery": "statekeeper.checkpoint.policies",
+    "KeepLatest": "statekeeper.checkpoint.policies",
+    "KeyMismatchError": "statekeeper.errors",
+    "LoadStateError": "statekeeper.errors",
+    "LocalStorage": "statekeeper.storage.local",
+    "MemoryStorage": "statekeeper.storage.memory",
+    "Mode": "statekeeper.checkpoint.policies",
+    "OptimizerChange": "statekeeper.state.optimizer",
+    "PerRank": "statekeeper.distributed.scope",
+    "RNGState": "statekeeper.state.rng",
+    "RankFailure": "statekeeper.errors",
+    "RestoreInfo": "statekeeper.checkpoint.info",
+    "ResumableBatchSampler": "statekeeper.data.sampler",
+    "ResumableLoader": "statekeeper.data.loader",
+    "ResumableSampler": "statekeeper.data.sampler",
+    "Retention": "statekeeper.checkpoint.policies",
+    "SWA": "statekeeper.averaging.rules",
+    "SavePolicy": "statekeeper.checkpoint.policies",
+    "Scope": "statekeeper.distributed.scope",
+    "SeededDataset": "statekeeper.data.seeding",
+    "SharedStorage": "statekeeper.storage.base",
+    "Stateful": "statekeeper.stateful",
+    "StatekeeperError": "statekeeper.errors",
+    "StatekeeperWarning": "statekeeper.errors",
+    "StepExistsError": "statekeeper.errors",
+    "StepNotFoundError": "statekeeper.errors",
+    "Storage": "statekeeper.storage.base",
+    "StorageError": "statekeeper.errors",
+    "Strict": "statekeeper.checkpoint.load",
+    "TiedKeys": "statekeeper.interop.tied",
+    "Transaction": "statekeeper.storage.base",
+    "UnsafePickleError": "statekeeper.errors",
+    "UnsupportedFormatError": "statekeeper.errors",
+    "UnsupportedValueError": "statekeeper.errors",
+    "Value": "statekeeper.stateful",
+    "WorkerRNGDataset": "statekeeper.data.worker_rng",
+    "WriterConflictError": "statekeeper.errors",
+    "average_checkpoints": "statekeeper.averaging.offline",
+    "convert": "statekeeper.interop.convert",
+    "diff": "statekeeper.interop.diff",
+    "export": "statekeeper.interop.export",
+    "get_ema_avg_fn": "statekeeper.averaging.functions",
+    "get_ema_multi_avg_fn": "statekeeper.averaging.functions",
+    "get_swa_avg_fn": "statekeeper.averaging.functions",
+    "get_swa_multi_avg_fn": "statekeeper.averaging.functions",
+    "list_checkpoints": "statekeeper.checkpoint.listing",
+    "list_partial": "statekeeper.checkpoint.listing",
+    "load": "statekeeper.checkpoint.load",
+    "read": "statekeeper.checkpoint.load",
+    "remove_partial": "statekeeper.checkpoint.listing",
+    "save": "statekeeper.checkpoint.save",
+    "update_bn": "statekeeper.averaging.bn",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'statekeeper' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "EMA",

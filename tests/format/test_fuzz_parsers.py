@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from tests.helpers.hostile import ENTRY, MANIFEST, SHARD, reseal, saved_run
 
 import statekeeper as sk
+from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.naming import parse_entry
+from statekeeper.checkpoint.verify import verify_step
 from statekeeper.format.manifest import Manifest
 from statekeeper.format.safetensors_io import parse
 from statekeeper.storage.files import name_problem
@@ -63,6 +65,15 @@ def _json_text(draw: st.DrawFn) -> str:
     return opener * depth + body + closer * depth
 
 
+def _succeeds(call: Any) -> bool:
+    """Whether ``call`` returned; it may only raise the documented errors."""
+    try:
+        call()
+    except (*ALLOWED, sk.StepNotFoundError):
+        return False
+    return True
+
+
 MEMBERS = ["step", "created", "library", "metrics", "files", "tensors", "aliases", "state"]
 
 
@@ -87,10 +98,9 @@ def test_resealed_manifests_parse_or_fail_cleanly_and_the_step_reads_or_fails_cl
         with contextlib.suppress(ALLOWED):
             Manifest.from_bytes(str(path), data)
         path.write_bytes(data)
-        try:
-            sk.read(run)
-        except (*ALLOWED, sk.StepNotFoundError):
-            pass
+        read_ok = _succeeds(lambda: sk.read(run))
+        location = locate(run, None)
+        assert _succeeds(lambda: verify_step(location)) == read_ok  # verify agrees with read
 
 
 @st.composite

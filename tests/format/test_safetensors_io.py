@@ -81,3 +81,12 @@ def test_malformed_files_are_value_errors(edit: object) -> None:
     good = safetensors.torch.save({"a": torch.zeros(2, 2)})
     with pytest.raises(ValueError, match=r"header|offsets|trailing|tensor"):
         parse(bytearray(edit(good)))  # type: ignore[operator]
+
+
+def test_the_torch_free_dtype_table_agrees_with_torch() -> None:
+    from statekeeper.format.dtypes import CODE_OF, ITEMSIZE
+    from statekeeper.format.safetensors_io import DTYPE_CODES
+    from statekeeper.format.tensors import dtype_name
+
+    assert {dtype_name(d): code for d, code in DTYPE_CODES.items()} == CODE_OF
+    assert {dtype_name(d): d.itemsize for d in DTYPE_CODES} == ITEMSIZE

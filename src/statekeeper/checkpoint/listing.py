@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import Location, PathOrStorage, committed, resolve_storage
+from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry
-from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.errors import StatekeeperError
 from statekeeper.format.manifest import MANIFEST
 

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.verifier import Progress, Verifier, missing
+from statekeeper.checkpoint.manifests import read_manifest
+from statekeeper.checkpoint.verifier import Progress, Verifier
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import rebuild_alias
 from statekeeper.format.checksum import Buffer
-from statekeeper.format.jsondoc import MAX_MANIFEST_BYTES
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_io import parse
 from statekeeper.format.sharding import assemble
@@ -32,23 +32,6 @@ class VerifiedStep:
     location: Location
     manifest: Manifest
     state: dict[str, Any]
-
-
-def read_manifest(location: Location) -> Manifest:
-    """The step's parsed, self-verified manifest. ``StepNotFoundError`` when the step was
-    deleted meanwhile; ``CorruptCheckpointError`` when it is missing, too large, or bad."""
-    path = location.path(MANIFEST)
-    storage, entry = location.storage, location.entry
-    try:
-        size = storage.size(entry, MANIFEST)
-        if size > MAX_MANIFEST_BYTES:
-            raise CorruptCheckpointError(
-                path, f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit"
-            )
-        data = storage.read(entry, MANIFEST)
-    except FileNotFoundError:
-        raise missing(location, MANIFEST) from None
-    return Manifest.from_bytes(path, bytes(data))
 
 
 def _file_tensors(

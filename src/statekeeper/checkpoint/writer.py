@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from statekeeper import __version__
+from statekeeper._version import __version__
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import committed, validate_step

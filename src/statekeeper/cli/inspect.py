@@ -9,15 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import click
-import torch
 
 from statekeeper.checkpoint.location import Location, locate
-from statekeeper.checkpoint.reader import read_manifest
+from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.cli import render, render_inspect, render_interop
 from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.dtypes import ITEMSIZE
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.values import decode_value, join_path
-from statekeeper.interop.describe import describe
 from statekeeper.interop.detect import foreign_format
 from statekeeper.storage.urls import is_url
 
@@ -128,10 +127,10 @@ def _walk(
 
 
 def _itemsize(dtype: str, where: str) -> int:
-    found = getattr(torch, dtype, None)
-    if not isinstance(found, torch.dtype):
+    found = ITEMSIZE.get(dtype)
+    if found is None:
         raise CorruptCheckpointError(where, f"unknown tensor dtype {dtype!r}")
-    return found.itemsize
+    return found
 
 
 class _Rows:
@@ -277,6 +276,8 @@ def inspect(target: str, step: int | None, as_json: bool) -> None:
         if foreign is not None:
             if step is not None:
                 render.fail(f"{target} is a {foreign[1]} checkpoint, which has no steps", 2)
+            from statekeeper.interop.describe import describe  # foreign readers: torch
+
             description = describe(*foreign)
             if as_json:
                 render.emit_json(description)  # a dataclass: emit_json makes it a dict

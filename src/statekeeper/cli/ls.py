@@ -13,7 +13,6 @@ from statekeeper.checkpoint.listing import list_checkpoints, list_partial
 from statekeeper.checkpoint.naming import ParsedEntry
 from statekeeper.cli import render, render_interop
 from statekeeper.format.manifest import MANIFEST
-from statekeeper.interop.describe import list_files
 from statekeeper.interop.detect import foreign_format
 from statekeeper.storage.urls import is_url
 
@@ -55,7 +54,11 @@ def ls(target: str, as_json: bool) -> None:
     """
     with render.reported_errors():
         foreign = foreign_format(target)
-        files = list_files(*foreign) if foreign is not None else []
+        files = []
+        if foreign is not None:  # the foreign readers (and torch) only for foreign paths
+            from statekeeper.interop.describe import list_files
+
+            files = list_files(*foreign)
     if foreign is not None:
         path, fmt = foreign[0], str(foreign[1])
         if as_json:

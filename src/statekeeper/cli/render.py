@@ -28,14 +28,13 @@ from rich.text import Text
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import ParsedEntry
-from statekeeper.checkpoint.reader import Progress as ProgressCallback
+from statekeeper.checkpoint.verifier import Progress as ProgressCallback
 from statekeeper.cli.render_json import emit_json
-from statekeeper.doctor.finding import Report as DoctorReport
-from statekeeper.doctor.finding import Severity
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
 
 if TYPE_CHECKING:
     from statekeeper.cli.verify import StepResult
+    from statekeeper.doctor.finding import Report as DoctorReport
 
 __all__ = [
     "ByteProgress",
@@ -241,6 +240,8 @@ def doctor_report(report: DoctorReport, as_json: bool) -> None:
     head = Text("statekeeper doctor", style="bold")
     head.append(f" {report.target}: {len(report.rules)} rules, {report.seconds:.1f} s", style="")
     out.print(head, soft_wrap=True)
+    from statekeeper.doctor.finding import Severity  # the doctor (and torch) only here
+
     colors = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
     for severity, color in colors.items():
         for f in report.by_severity(severity):

@@ -6,16 +6,20 @@ write to the terminal.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from statekeeper.cli.render import human_bytes, stdout_console
 from statekeeper.cli.render_inspect import shape_text, tensor_table, values_table
-from statekeeper.interop.convert import ConvertResult
-from statekeeper.interop.describe import Description, FileRow
-from statekeeper.interop.diff import DiffResult
-from statekeeper.interop.export import ExportResult
+
+if TYPE_CHECKING:  # types only: listing a run must not import the foreign readers (torch)
+    from statekeeper.interop.convert import ConvertResult
+    from statekeeper.interop.describe import Description, FileRow
+    from statekeeper.interop.diff import DiffResult
+    from statekeeper.interop.export import ExportResult
 
 __all__ = ["converted", "diff_report", "exported", "foreign_inspection", "foreign_listing"]
 

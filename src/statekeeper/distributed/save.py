@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from statekeeper import __version__
+from statekeeper._version import __version__
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.save import capture

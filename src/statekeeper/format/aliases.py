@@ -21,8 +21,11 @@ self-overlapping view), but at most :data:`MAX_ALIAS_AMPLIFICATION` times as man
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 __all__ = [
     "MAX_ALIAS_AMPLIFICATION",
@@ -154,6 +157,8 @@ def _plan_group(
     stored: dict[str, torch.Tensor],
     aliases: dict[str, Alias],
 ) -> None:
+    import torch
+
     first = tensors[members[0]]
     views = {
         (tensors[m].storage_offset(), tuple(tensors[m].shape), tuple(tensors[m].stride()))
@@ -240,6 +245,8 @@ def rebuild_alias(base: torch.Tensor, alias: Alias, name: str | None = None) -> 
     Raises ``ValueError`` (naming ``name``, the alias's own name, when given) when the view is
     not valid (:func:`alias_problem`): a damaged or crafted manifest.
     """
+    import torch
+
     what = f"alias {name!r} of {alias.base!r}" if name is not None else f"alias of {alias.base!r}"
     problem = alias_problem(alias, base.numel())
     if problem is not None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from statekeeper.format.values import Json
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "Box",
@@ -36,6 +37,8 @@ __all__ = [
 
 def dtype_from_name(name: str) -> torch.dtype:
     """``"bfloat16"`` -> ``torch.bfloat16``; ``ValueError`` for anything else."""
+    import torch
+
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -134,6 +137,8 @@ def assemble(
     name: str, record: ShardedRecord, chunk: Callable[[str], torch.Tensor]
 ) -> torch.Tensor:
     """The global tensor from its verified chunks; ``ValueError`` if they do not tile it."""
+    import torch
+
     dtype = dtype_from_name(record.dtype)
     pieces = [chunk(c.tensor) for c in record.chunks]
     if any(p.dtype != dtype for p in pieces):

@@ -30,13 +30,16 @@ import base64
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from statekeeper.errors import UnsupportedValueError
 from statekeeper.format.jsondoc import MAX_DEPTH
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and numpy are imported where a value needs them, not with this module: decoding a
+# manifest's state (``statekeeper ls``/``inspect``) must not pay for importing torch
 
 __all__ = ["Json", "decode_value", "encode_value", "join_path"]
 
@@ -69,6 +72,8 @@ def join_path(path: str, key: object) -> str:
 
 
 def _dtype_by_name(name: str, path: str) -> torch.dtype:
+    import torch
+
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"{path}: unknown torch dtype {name!r}")
@@ -86,6 +91,9 @@ def encode_value(value: object, path: str, on_tensor: TensorHook, depth: int = 0
     """Encode ``value`` as tagged JSON; tensors and arrays are handed to ``on_tensor``.
 
     Containers nest at most ``MAX_DEPTH`` deep: what is saved can always be read back."""
+    import numpy as np
+    import torch
+
     if value is None or isinstance(value, bool | str):
         return value
     if depth > MAX_DEPTH and not isinstance(value, int | float):  # a container or tagged leaf
@@ -143,6 +151,9 @@ def encode_value(value: object, path: str, on_tensor: TensorHook, depth: int = 0
 def _encode_items(
     mapping: dict[Any, Any], path: str, on_tensor: TensorHook, depth: int
 ) -> list[Json]:
+    import numpy as np
+    import torch
+
     items = []
     for k, v in mapping.items():
         if isinstance(k, torch.Tensor | np.ndarray | list | dict):
@@ -204,13 +215,19 @@ def decode_value(obj: Json, path: str, on_ref: RefHook, depth: int = 0) -> Any:
         return _dtype_by_name(body, path)
     if tag == "$size":
         _expect(isinstance(body, list) and all(type(d) is int for d in body), path, tag)
+        import torch
+
         return torch.Size(body)
     if tag == "$device":
         _expect(isinstance(body, str) and len(obj) == 1, path, tag)
+        import torch
+
         return torch.device(body)
     if tag == "$numpy":
         _expect(isinstance(body, str) and set(obj) == {"$numpy", "value"}, path, tag)
         try:
+            import numpy as np
+
             dtype = np.dtype(body)
         except TypeError:
             raise ValueError(f"{path or '<root>'}: unknown numpy dtype {body!r}") from None

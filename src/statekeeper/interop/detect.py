@@ -10,8 +10,7 @@ from pathlib import Path
 from statekeeper.checkpoint.naming import EntryKind, parse_entry
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
 from statekeeper.format.manifest import MANIFEST
-from statekeeper.interop.foreign_files import size_of
-from statekeeper.interop.pickled import is_torch_file
+from statekeeper.interop.foreign_files import is_torch_file, size_of
 
 __all__ = ["ACCELERATE_FILES", "Format", "detect", "foreign_format", "is_accelerate_file"]
 

@@ -24,7 +24,19 @@ from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.jsondoc import parse_json
 from statekeeper.storage.files import check_name, open_regular, regular_size
 
-__all__ = ["confined", "member", "open_file", "read_capped", "read_json", "size_of"]
+__all__ = [
+    "ZIP_MAGIC",
+    "confined",
+    "is_torch_file",
+    "member",
+    "open_file",
+    "read_capped",
+    "read_json",
+    "size_of",
+]
+
+ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_MAGIC = b"\x80"  # PROTO: the legacy torch.save format starts with a pickle
 
 
 def _missing(path: Path, listed_in: str | None, exc: OSError) -> Exception:
@@ -109,3 +121,11 @@ def read_json(path: Path, cap: int, what: str, listed_in: str | None = None) -> 
         return parse_json(data)
     except ValueError as exc:  # UnicodeDecodeError included
         raise CorruptCheckpointError(str(path), f"{what} is not valid JSON ({exc})") from None
+
+
+def is_torch_file(path: Path) -> bool:
+    """Whether ``path`` starts like a ``torch.save`` file (a zip, or a legacy pickle); read
+    from its first bytes, without torch."""
+    with os.fdopen(open_file(path), "rb") as f:
+        head = f.read(4)
+    return head == ZIP_MAGIC or head[:1] == _PICKLE_MAGIC

@@ -23,25 +23,11 @@ import torch
 
 from statekeeper.errors import CorruptCheckpointError, UnsafePickleError
 from statekeeper.format.jsondoc import MAX_DEPTH
-from statekeeper.interop.foreign_files import open_file
+from statekeeper.interop.foreign_files import ZIP_MAGIC, is_torch_file, open_file
 from statekeeper.interop.opcodes import scan_stream
 from statekeeper.interop.torch_checks import check_legacy, check_zip, loaded_problem, tuple_depth
 
 __all__ = ["ZIP_MAGIC", "is_torch_file", "load_torch_bytes", "load_torch_file", "numpy_globals"]
-
-ZIP_MAGIC = b"PK\x03\x04"
-_PICKLE_MAGIC = b"\x80"  # PROTO: the legacy torch.save format starts with a pickle
-
-
-def _head(path: Path) -> bytes:
-    with os.fdopen(open_file(path), "rb") as f:
-        return f.read(4)
-
-
-def is_torch_file(path: Path) -> bool:
-    """Whether ``path`` starts like a ``torch.save`` file (zip or legacy pickle)."""
-    head = _head(path)
-    return head == ZIP_MAGIC or head[:1] == _PICKLE_MAGIC
 
 
 def numpy_globals() -> list[Any]:

@@ -1,0 +1,29 @@
+"""Reading a step's manifest: size-capped, self-verified, a deleted step told from a damaged
+one. No torch here: listing a run (``statekeeper ls``) reads manifests only."""
+
+from __future__ import annotations
+
+from statekeeper.checkpoint.location import Location
+from statekeeper.checkpoint.verifier import missing
+from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.jsondoc import MAX_MANIFEST_BYTES
+from statekeeper.format.manifest import MANIFEST, Manifest
+
+__all__ = ["read_manifest"]
+
+
+def read_manifest(location: Location) -> Manifest:
+    """The step's parsed, self-verified manifest. ``StepNotFoundError`` when the step was
+    deleted meanwhile; ``CorruptCheckpointError`` when it is missing, too large, or bad."""
+    path = location.path(MANIFEST)
+    storage, entry = location.storage, location.entry
+    try:
+        size = storage.size(entry, MANIFEST)
+        if size > MAX_MANIFEST_BYTES:
+            raise CorruptCheckpointError(
+                path, f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit"
+            )
+        data = storage.read(entry, MANIFEST)
+    except FileNotFoundError:
+        raise missing(location, MANIFEST) from None
+    return Manifest.from_bytes(path, bytes(data))

@@ -1,0 +1,95 @@
+"""A safetensors file's header, parsed and checked strictly, without torch.
+
+:func:`read_header` checks everything a reader must before it trusts one offset: the length
+prefix against the file and :data:`~statekeeper.format.jsondoc.MAX_HEADER_BYTES`, the JSON
+(bounded nesting), every entry's dtype code, shape (non-negative ints whose sizes can exist)
+and data offsets (inside the data, exactly as long as shape and dtype say), and that the
+tensors' data tile the data section (no overlap, no gap, nothing trailing).
+:func:`statekeeper.format.safetensors_io.parse` builds tensors from what it returns;
+``statekeeper verify`` compares it with the manifest without building any.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from statekeeper.format.dtypes import CODE_OF, ITEMSIZE
+from statekeeper.format.jsondoc import MAX_HEADER_BYTES, parse_json
+
+__all__ = ["Entry", "Header", "read_header"]
+
+_SIZE_OF_CODE = {code: ITEMSIZE[name] for name, code in CODE_OF.items()}
+_MAX_ELEMENTS = 1 << 62  # torch sizes are int64; no real tensor comes near
+
+
+class Entry(NamedTuple):
+    """One tensor's record: dtype code, shape, element count and byte span in the data (a
+    tuple: one is made per tensor on every load)."""
+
+    code: str
+    shape: list[int]
+    numel: int
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Header:
+    entries: dict[str, Entry]
+    start: int  # where the data section begins in the file
+
+
+def _entry(name: str, info: object, end_of_data: int) -> Entry:
+    try:
+        code = info["dtype"]  # type: ignore[index]
+        itemsize = _SIZE_OF_CODE[code]
+        shape = info["shape"]  # type: ignore[index]
+        begin, end = info["data_offsets"]  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"tensor {name!r} has a malformed header entry") from None
+    if type(shape) is not list or type(begin) is not int or type(end) is not int:
+        raise ValueError(f"tensor {name!r} has a malformed header entry")
+    numel = span = 1
+    for d in shape:
+        if type(d) is not int:
+            raise ValueError(f"tensor {name!r} has a malformed header entry")
+        if d < 0:
+            raise ValueError(f"tensor {name!r} has a negative dimension")
+        numel *= d
+        span *= d or 1  # an empty tensor's other sizes must still be representable
+    if span >= _MAX_ELEMENTS:
+        raise ValueError(f"tensor {name!r} has a shape too large to exist: {shape}")
+    if not 0 <= begin <= end <= end_of_data or end - begin != numel * itemsize:
+        raise ValueError(f"tensor {name!r} has data offsets that do not fit its shape")
+    return Entry(code, shape, numel, begin, end)
+
+
+def read_header(buf: memoryview) -> Header:
+    """The checked header of the safetensors file in ``buf``; ``ValueError`` for anything
+    that is not a well-formed file."""
+    if len(buf) < 8:
+        raise ValueError("shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", buf[:8])
+    if n > len(buf) - 8:
+        raise ValueError(f"header length {n} runs past the end of the file")
+    if n > MAX_HEADER_BYTES:
+        raise ValueError(f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
+    try:
+        header = parse_json(bytes(buf[8 : 8 + n]))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    end_of_data = len(buf) - 8 - n
+    entries = {name: _entry(name, info, end_of_data) for name, info in header.items()}
+    position = 0
+    for begin, end in sorted((e.begin, e.end) for e in entries.values()):
+        if begin != position:
+            raise ValueError("tensor data overlaps or leaves gaps")
+        position = end
+    if position != end_of_data:
+        raise ValueError("trailing bytes after the tensor data")
+    return Header(entries, 8 + n)

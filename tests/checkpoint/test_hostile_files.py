@@ -178,3 +178,26 @@ def test_only_regular_files_are_listed_in_a_step(tmp_path: Path) -> None:
     (run / ENTRY / "link.safetensors").symlink_to("/dev/zero")
     assert sk.LocalStorage(run).files(ENTRY) == [MANIFEST, SHARD]
     assert sk.read(run)["epoch"] == 1  # the strays are not the step's: it still loads
+
+
+def test_a_step_directory_that_is_a_link_is_never_read_or_followed(tmp_path: Path) -> None:
+    """A link named like a step, pointing at a real step elsewhere: listed as damaged,
+    skipped by restore_latest, and removing it removes the link, never its target."""
+    run = saved_run(tmp_path / "run", steps=(1,))
+    elsewhere = saved_run(tmp_path / "elsewhere", steps=(9,))
+    (run / "step_000000009").symlink_to(elsewhere / "step_000000009")
+    infos = {i.step: i.error for i in sk.list_checkpoints(run)}
+    assert infos[1] is None and infos[9] is not None and "symbolic link" in infos[9]
+    error = finishes(lambda: sk.read(run))
+    assert isinstance(error, CorruptCheckpointError) and "step_000000009" in str(error)
+    live = small_state(0)
+    with (
+        pytest.warns(sk.StatekeeperWarning, match="skipping damaged step 9"),
+        sk.Checkpointer(run) as ckpt,
+    ):
+        state = {"model": live["model"], "epoch": 0}
+        assert ckpt.restore_latest(state, strict=sk.Strict.ALLOW_MISSING) == 1
+    sk.LocalStorage(run).remove("step_000000009")
+    assert not (run / "step_000000009").exists()
+    assert [p.name for p in run.iterdir() if "step_000000009" in p.name] == []
+    assert (elsewhere / "step_000000009" / MANIFEST).is_file()  # the target is untouched

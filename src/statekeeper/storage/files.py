@@ -27,7 +27,15 @@ import stat
 
 from statekeeper.errors import CorruptCheckpointError
 
-__all__ = ["NAME_RULE", "check_name", "file_kind", "name_problem", "open_regular", "regular_size"]
+__all__ = [
+    "NAME_RULE",
+    "check_name",
+    "file_kind",
+    "name_problem",
+    "open_directory",
+    "open_regular",
+    "regular_size",
+]
 
 NAME_RULE = "one path component of the characters A-Z a-z 0-9 . _ - (at most 255)"
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,255}")
@@ -72,20 +80,41 @@ def _refuse(path: str, what: str) -> CorruptCheckpointError:
     )
 
 
-def open_regular(path: str | os.PathLike[str], *, follow: bool = False) -> int:
-    """A read-only descriptor of the regular file ``path``, opened without blocking.
+def open_directory(path: str | os.PathLike[str]) -> int:
+    """A descriptor of the directory ``path`` itself, never through a symbolic link (files
+    are then opened relative to it: nothing outside can be swapped in by a link).
+    ``CorruptCheckpointError`` when it is a link or not a directory; ``FileNotFoundError``
+    when it is absent."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            what = file_kind(os.lstat(path).st_mode)
+            raise CorruptCheckpointError(
+                os.fspath(path),
+                f"is {what}, not a directory; statekeeper reads a step only where it lies",
+            ) from None
+        raise
+
+
+def open_regular(
+    path: str | os.PathLike[str], *, follow: bool = False, dir_fd: int | None = None
+) -> int:
+    """A read-only descriptor of the regular file ``path`` (relative to ``dir_fd`` when
+    given), opened without blocking.
 
     ``CorruptCheckpointError`` when it is a symbolic link (unless ``follow``), a FIFO, a
     device, a socket or a directory; ``FileNotFoundError`` when it is absent. Nothing is read.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
             raise _refuse(os.fspath(path), "a symbolic link") from None
         if exc.errno in (errno.ENXIO, errno.EISDIR):  # a socket, a directory
-            raise _refuse(os.fspath(path), file_kind(os.lstat(path).st_mode)) from None
+            mode = os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            raise _refuse(os.fspath(path), file_kind(mode)) from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -95,10 +124,12 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = False) -> int:
     return fd
 
 
-def regular_size(path: str | os.PathLike[str], *, follow: bool = False) -> int:
+def regular_size(
+    path: str | os.PathLike[str], *, follow: bool = False, dir_fd: int | None = None
+) -> int:
     """The size of the regular file ``path`` (``lstat``, or ``stat`` with ``follow``); the
     same refusals as :func:`open_regular`, without opening anything."""
-    info = os.stat(path) if follow else os.lstat(path)
+    info = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
     if not stat.S_ISREG(info.st_mode):
         raise _refuse(os.fspath(path), file_kind(info.st_mode))
     return info.st_size

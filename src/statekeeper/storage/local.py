@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from statekeeper.errors import StorageError, WriterConflictError
-from statekeeper.storage.files import check_name, open_regular, regular_size
+from statekeeper.errors import CorruptCheckpointError, StorageError, WriterConflictError
+from statekeeper.storage.files import check_name, open_directory, open_regular, regular_size
 
 __all__ = ["LOCK_FILE", "PARTIAL", "REMOVING", "REPLACED", "LocalStorage", "write_failure"]
 
@@ -177,20 +177,43 @@ class LocalStorage:
             return []
 
     def files(self, entry: str) -> list[str]:
-        """Regular files only (a link, FIFO or device is no file of a step)."""
-        with os.scandir(self.root / entry) as found:
-            return sorted(e.name for e in found if e.is_file(follow_symlinks=False))
+        """Regular files only (a link, FIFO or device is no file of a step); an entry that
+        is a link is refused (``CorruptCheckpointError``)."""
+        # the run directory itself may be reached through links (a user's choice); an entry
+        # in it may not
+        root_only = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        dfd = open_directory(self.root / entry) if entry else os.open(self.root, root_only)
+        try:
+            with os.scandir(dfd) as found:
+                return sorted(e.name for e in found if e.is_file(follow_symlinks=False))
+        finally:
+            os.close(dfd)
 
-    def _path(self, entry: str, name: str) -> Path:
-        return self.root / entry / check_name(self.describe(entry), name)
+    @contextmanager
+    def _in_entry(self, entry: str, name: str) -> Iterator[int]:
+        """The entry's directory descriptor (never through a link), for ``name``; refusals
+        name the full path."""
+        check_name(self.describe(entry), name)
+        try:
+            dfd = open_directory(self.root / entry)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(self.describe(entry), exc.problem) from None
+        try:
+            yield dfd
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(self.describe(entry, name), exc.problem) from None
+        finally:
+            os.close(dfd)
 
     def read(self, entry: str, name: str) -> bytes | mmap.mmap:
         """Small files as bytes; large ones memory-mapped copy-on-write (writable, zero-copy:
         tensors become views of the page cache, as safetensors' own loader does).
 
-        Only a regular file named by one plain component is opened, never through a link
-        (:mod:`statekeeper.storage.files`)."""
-        with open(open_regular(self._path(entry, name)), "rb", buffering=0) as f:
+        Only a regular file named by one plain component is opened, never through a link,
+        in the entry's own directory (:mod:`statekeeper.storage.files`)."""
+        with self._in_entry(entry, name) as dfd:
+            fd = open_regular(name, dir_fd=dfd)
+        with open(fd, "rb", buffering=0) as f:
             if os.fstat(f.fileno()).st_size < _MAP_FROM:
                 return f.read()
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -201,7 +224,8 @@ class LocalStorage:
         return mapped
 
     def size(self, entry: str, name: str) -> int:
-        return regular_size(self._path(entry, name))
+        with self._in_entry(entry, name) as dfd:
+            return regular_size(name, dir_fd=dfd)
 
     def begin(self, entry: str, *, replace: bool = False) -> _LocalTransaction:
         return _LocalTransaction(self.root, entry, replace)
@@ -218,17 +242,23 @@ class LocalStorage:
         durable, then its files go. A kill at any point leaves the entry whole or unlisted."""
         path = self.root / entry
         if any(infix in entry for infix in (PARTIAL, REMOVING, REPLACED)):
-            shutil.rmtree(path, ignore_errors=True)  # never listed as committed: no rename
+            if path.is_symlink():
+                path.unlink()
+            else:  # never listed as committed: no rename
+                shutil.rmtree(path, ignore_errors=True)
             return
         doomed = self.root / f"{entry}{REMOVING}{uuid.uuid4().hex[:12]}"
         try:
             os.rename(path, doomed)
+            _fsync_dir(self.root)
         except FileNotFoundError:
             return
         except OSError as exc:
             raise StorageError(exc.errno, f"could not remove {path}: {exc.strerror}") from exc
-        _fsync_dir(self.root)
-        shutil.rmtree(doomed, ignore_errors=True)
+        if doomed.is_symlink():  # an entry that was a link: the link goes, never its target
+            doomed.unlink()
+        else:
+            shutil.rmtree(doomed, ignore_errors=True)
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:

@@ -568,3 +568,16 @@ def test_tuple_depth_follows_the_pickle_stack(protocol: int) -> None:
         assert tuple_depth(io.BytesIO(pickle.dumps(obj, protocol=protocol))) == depth
     # POP right after MARK drops the MARK, as pickle does: (1, ((((),),),))
     assert tuple_depth(io.BytesIO(b"\x80\x02K\x01(0)\x85\x85\x85\x86.")) == 5
+
+
+def test_a_foreign_folder_named_like_a_step_is_still_foreign(tmp_path: Path) -> None:
+    """A Hugging Face folder saved as ``ckpts/step_1000`` reads as what it is."""
+    folder = formats.hf_folder(tmp_path / "ckpts" / "step_1000", formats.weights())
+    assert set(sk.read(folder)) == set(formats.weights())
+    result = CliRunner().invoke(main, ["inspect", str(folder)])
+    assert result.exit_code == 0 and "(huggingface)" in result.output, result.output
+    lost = tmp_path / "run" / "step_000000002"  # a statekeeper step whose manifest is gone
+    sk.save(tmp_path / "run", {"w": torch.ones(2)}, step=2)
+    (lost / "manifest.json").unlink()
+    with pytest.raises(sk.CorruptCheckpointError, match=r"manifest\.json is missing"):
+        sk.read(lost)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry, step_entry
@@ -12,7 +13,14 @@ from statekeeper.storage.base import Storage
 from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.urls import is_url, storage_for_url
 
-__all__ = ["Location", "committed", "locate", "resolve_storage", "validate_step"]
+__all__ = [
+    "Location",
+    "committed",
+    "is_step_dir",
+    "locate",
+    "resolve_storage",
+    "validate_step",
+]
 
 PathOrStorage = str | os.PathLike[str] | Storage
 
@@ -26,9 +34,8 @@ def resolve_storage(directory: PathOrStorage) -> Storage:
         path = Path(directory)
         if path.exists() and not path.is_dir():
             raise StepNotFoundError(
-                f"{path} is a file, not a statekeeper run or step directory; read a foreign "
-                "checkpoint file with statekeeper.read (or `statekeeper inspect`), or pass the "
-                "run directory"
+                f"{path} is a file, not a statekeeper run or step directory: pass a directory "
+                "(statekeeper.read and `statekeeper inspect` also open foreign checkpoint files)"
             )
         return LocalStorage(directory)
     if isinstance(directory, Storage):
@@ -75,13 +82,22 @@ class Location:
         )
 
 
-def _is_step_dir(path: Path) -> bool:
-    """A step directory holds an entry named manifest.json, whatever it is (a damaged one is
-    still a step's, and reading it says what is wrong), or is named as a committed step."""
+_SHARD_FILE = re.compile(r"(tensors|chunks|rank)-\d{5,}\.safetensors")
+"""The names statekeeper gives the tensor files of a step (see format/tensors.py and the
+distributed package)."""
+
+
+def is_step_dir(path: Path) -> bool:
+    """Whether ``path`` is a statekeeper step directory: it holds an entry named
+    manifest.json, whatever it is (a damaged one is still a step's, and reading it says what
+    is wrong), or it is named as a committed step and holds statekeeper's tensor files (its
+    manifest lost). A foreign checkpoint folder that happens to be named ``step_N`` is not."""
     if os.path.lexists(path / MANIFEST):
         return True
     parsed = parse_entry(path.name)
-    return parsed is not None and parsed.kind is EntryKind.COMMITTED and path.is_dir()
+    if parsed is None or parsed.kind is not EntryKind.COMMITTED or not path.is_dir():
+        return False
+    return any(_SHARD_FILE.fullmatch(child.name) for child in path.iterdir())
 
 
 def locate(directory: PathOrStorage, step: int | None) -> Location:
@@ -100,7 +116,7 @@ def locate(directory: PathOrStorage, step: int | None) -> Location:
             storage = resolve_storage(parent)
             if last in storage.entries():
                 return Location(storage, last, parsed.step)
-    if isinstance(directory, str | os.PathLike) and _is_step_dir(Path(directory)):
+    if isinstance(directory, str | os.PathLike) and is_step_dir(Path(directory)):
         path = Path(directory).resolve()
         parsed = parse_entry(path.name)
         if step is not None and (parsed is None or parsed.step != step):

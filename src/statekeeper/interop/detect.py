@@ -7,9 +7,9 @@ import re
 from enum import StrEnum
 from pathlib import Path
 
+from statekeeper.checkpoint.location import is_step_dir
 from statekeeper.checkpoint.naming import EntryKind, parse_entry
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
-from statekeeper.format.manifest import MANIFEST
 from statekeeper.interop.foreign_files import is_torch_file, size_of
 
 __all__ = ["ACCELERATE_FILES", "Format", "detect", "foreign_format", "is_accelerate_file"]
@@ -41,12 +41,10 @@ def is_accelerate_file(name: str) -> bool:
 
 
 def _is_statekeeper_dir(path: Path) -> bool:
-    """A step (a ``manifest.json`` of any kind, so that a FIFO or a link in its place is
-    refused by statekeeper's own reader, or a committed step's name) or a run directory."""
-    if os.path.lexists(path / MANIFEST):
-        return True
-    parsed = parse_entry(path.resolve().name)
-    if parsed is not None and parsed.kind is EntryKind.COMMITTED:
+    """A step (:func:`~statekeeper.checkpoint.location.is_step_dir`: a ``manifest.json`` of
+    any kind, so that a FIFO or a link in its place is refused by statekeeper's own reader)
+    or a run directory."""
+    if is_step_dir(path) or is_step_dir(path.resolve()):
         return True
     for child in path.iterdir():
         parsed = parse_entry(child.name)

@@ -158,3 +158,23 @@ def test_bare_root_url_names_steps_under_it() -> None:
         assert torch.equal(sk.read("memory://step_000123456")["x"], torch.ones(2))
     finally:
         fs.rm("/step_000123456", recursive=True)
+
+
+def test_fsspec_runs_open_only_regular_files(tmp_path: Path) -> None:
+    """The same rules as local runs, through fsspec's local file system: a FIFO as a
+    manifest never blocks, a link as a shard is refused, the older step still loads."""
+    from tests.helpers.hostile import SHARD, finishes, replace_with_fifo, replace_with_link
+
+    for step in (1, 2, 3):
+        sk.save(tmp_path, {"w": torch.full((2,), float(step))}, step=step)
+    replace_with_fifo(tmp_path / "step_000000003" / "manifest.json")
+    replace_with_link(tmp_path / "step_000000002" / SHARD, "/dev/zero")
+    url = f"local://{tmp_path}"
+    infos = finishes(lambda: sk.list_checkpoints(url))
+    assert infos is None
+    listed = {i.step: i.error for i in sk.list_checkpoints(url)}
+    assert listed[1] is None and listed[2] is None and "not a regular file" in listed[3]
+    for step, needle in ((3, "of type 'other'"), (2, "is a symbolic link")):
+        error = finishes(lambda s=step: sk.read(url, step=s))
+        assert isinstance(error, sk.CorruptCheckpointError) and needle in str(error), error
+    assert torch.equal(sk.read(url, step=1)["w"], torch.full((2,), 1.0))

@@ -26,7 +26,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from statekeeper.errors import InvalidArgumentError, StorageError
+from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, StorageError
+from statekeeper.storage.files import check_name
 
 __all__ = ["INCOMPLETE", "FsspecStorage"]
 
@@ -138,12 +139,28 @@ class FsspecStorage:
             str(i["name"]).rstrip("/").rsplit("/", 1)[-1] for i in listed if i.get("type") == "file"
         )
 
+    def _info(self, entry: str, name: str) -> dict[str, Any]:
+        """The object's description, refused unless it is a plain file (an object; on a
+        local file system a regular file that is no link): a FIFO never blocks a read."""
+        real = self._real(entry)
+        check_name(self.describe(real), name)
+        info: dict[str, Any] = self.fs.info(self.path(real, name))
+        kind = info.get("type")
+        if kind != "file" or info.get("islink"):
+            what = "a symbolic link" if info.get("islink") else f"of type {kind!r}"
+            raise CorruptCheckpointError(
+                self.describe(real, name),
+                f"is {what}, not a regular file; statekeeper opens only regular files",
+            )
+        return info
+
     def read(self, entry: str, name: str) -> bytes:
+        self._info(entry, name)
         data = self.fs.cat_file(self.path(self._real(entry), name))
         return bytes(data)
 
     def size(self, entry: str, name: str) -> int:
-        return int(self.fs.size(self.path(self._real(entry), name)))
+        return int(self._info(entry, name)["size"])
 
     def begin(self, entry: str, *, replace: bool = False) -> _FsspecFiles:
         base = self.path(entry)

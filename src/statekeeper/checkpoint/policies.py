@@ -153,16 +153,24 @@ class KeepBest(Retention):
             )
 
     def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
-        ranked = [
-            c
-            for c in checkpoints
-            if isinstance(c.metrics.get(self.metric), int | float)
-            and not math.isnan(c.metrics[self.metric])
-        ]
+        values = {c.step: _rankable(c.metrics.get(self.metric)) for c in checkpoints}
+        ranked = [c for c in checkpoints if values[c.step] is not None]
         sign = 1 if self.mode is Mode.MIN else -1
         # ties go to the newer step
-        ranked.sort(key=lambda c: (sign * c.metrics[self.metric], -c.step))
+        ranked.sort(key=lambda c: (sign * values[c.step], -c.step))  # type: ignore[operator]
         return {c.step for c in ranked[: self.n]}
+
+
+def _rankable(value: object) -> float | None:
+    """A metric as a float to rank by: None for what is no number or nan; an integer too
+    large for a float (a damaged or crafted manifest) ranks as an infinity, never raises."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf if value > 0 else -math.inf
+    return None if math.isnan(number) else number
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch.optim.swa_utils import AveragedModel as TorchAveraged
 from torch.optim.swa_utils import get_ema_multi_avg_fn
@@ -59,3 +61,17 @@ def test_counters_follow_the_rule_when_derived() -> None:
     state["n_averaged"] = torch.tensor(0)
     average.load_state_dict(state)
     assert int(average.n_calls) == 0
+
+
+def test_torch_state_loads_through_statekeeper_and_inside_other_modules(tmp_path: Path) -> None:
+    model = _model()
+    theirs = TorchAveraged(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    _trained_average(theirs, model, 3)
+    sk.save(tmp_path, {"ema": theirs}, step=1)  # a step saved before switching to ours
+    ours = sk.AveragedModel(_model(), multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    sk.load(tmp_path, {"ema": ours})  # strict: n_calls is derived, not missing
+    assert int(ours.n_calls) == 3 and int(ours.n_averaged) == 3
+    holder = torch.nn.ModuleDict({"ema": sk.AveragedModel(_model())})
+    holder.load_state_dict({f"ema.{k}": v for k, v in theirs.state_dict().items()})
+    inner = holder["ema"]
+    assert int(inner.n_calls) == 3 and inner._averaged == 3 and inner._calls == 3

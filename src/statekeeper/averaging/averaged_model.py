@@ -152,18 +152,27 @@ class AveragedModel(nn.Module):
         self._pairing = None  # .to() / .double() may give the copy's tensors new storage
         return super()._apply(fn, recurse)  # type: ignore[no-untyped-call,no-any-return]
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """Load our own state dict, or torch's ``AveragedModel``'s (strictly too): torch's has
-        no ``n_calls``, which is derived from its ``n_averaged`` (torch averages at every
-        call, so the calls that gave that many averages under this model's rule)."""
-        if "n_calls" not in state_dict and "n_averaged" in state_dict:
-            state_dict = dict(state_dict)
-            state_dict["n_calls"] = self._calls_for(state_dict["n_averaged"])
-        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
-        self._averaged = int(self.n_averaged.item())  # one sync, at load time only
+    statekeeper_derivable_keys = ("n_calls",)
+    """State-dict keys this module derives when a checkpoint lacks them (torch's layout):
+    ``statekeeper.load`` does not count them as missing."""
+
+    def _load_from_state_dict(
+        self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
+        missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
+    ) -> None:  # fmt: skip
+        """Our own state, or torch's ``AveragedModel``'s, strictly too, however it arrives
+        (``load_state_dict`` on this module or on one that holds it, ``statekeeper.load``):
+        torch's has no ``n_calls``, which is derived from its ``n_averaged`` (torch averages
+        at every call: the calls that gave that many averages under this model's rule)."""
+        calls, averaged = f"{prefix}n_calls", f"{prefix}n_averaged"
+        if calls not in state_dict and averaged in state_dict:
+            state_dict[calls] = self._calls_for(state_dict[averaged])
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        self._averaged = int(self.n_averaged.item())  # host mirrors: one sync, at load only
         self._calls = int(self.n_calls.item())
         self._pairing = None
-        return result
 
     def _calls_for(self, n_averaged: Any) -> Tensor:
         averaged = torch.as_tensor(n_averaged, dtype=torch.long)

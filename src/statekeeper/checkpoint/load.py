@@ -96,8 +96,11 @@ def _check(
                 )
                 continue
             if not strict.missing_ok:
+                derivable = _derivable_keys(unwrap(obj))
                 problems += [
-                    f"{name}/{k}: missing from the checkpoint" for k in live_sd if k not in saved_sd
+                    f"{name}/{k}: missing from the checkpoint"
+                    for k in live_sd
+                    if k not in saved_sd and k not in derivable
                 ]
             if not strict.unexpected_ok:
                 problems += [
@@ -112,6 +115,16 @@ def _check(
         elif isinstance(obj, RNGState):
             problems += obj.mismatches(saved[name], name)
     return problems
+
+
+def _derivable_keys(module: torch.nn.Module) -> set[str]:
+    """Keys that submodules derive when a checkpoint lacks them (``statekeeper_derivable_keys``
+    on the module's class, e.g. ``AveragedModel``'s ``n_calls`` for torch's layout)."""
+    return {
+        f"{prefix}.{key}" if prefix else key
+        for prefix, sub in module.named_modules()
+        for key in getattr(sub, "statekeeper_derivable_keys", ())
+    }
 
 
 def _replace_overlapping(name: str, module: torch.nn.Module, keys: set[str]) -> list[str]:

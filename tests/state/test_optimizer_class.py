@@ -85,3 +85,13 @@ def test_on_optimizer_change_must_be_the_enum(tmp_path: Path) -> None:
     model, opt = _trained(torch.optim.AdamW)
     with pytest.raises(sk.InvalidArgumentError, match="OptimizerChange"):
         sk.load(run, {"model": model, "opt": opt}, on_optimizer_change="restart")  # type: ignore[arg-type]
+
+
+def test_a_class_from_the_training_script_matches_when_imported_later(tmp_path: Path) -> None:
+    model, opt = _trained(torch.optim.AdamW, lr=0.01)
+    captured = capture({"model": model, "opt": opt})
+    captured["opt"]["class"] = "__main__.AdamW"  # saved by `python train.py`
+    write_step(sk.LocalStorage(tmp_path), captured, step=1)
+    same = torch.optim.AdamW(model.parameters(), lr=0.5)
+    sk.load(tmp_path, {"model": model, "opt": same})
+    assert same.param_groups[0]["lr"] == 0.01

@@ -112,8 +112,11 @@ def _class_problems(
     """Why the saved state is of another optimizer: another class (recorded since it was
     saved), or hyper-parameters the live optimizer does not have (older checkpoints)."""
     live = class_name(optimizer)
-    if saved.get("class") not in (None, live):
-        return [f"{entry}: optimizer class {saved['class']} in the checkpoint, {live} live"]
+    recorded = saved.get("class")
+    # compared by class name: a class defined in the training script is ``__main__.X`` in
+    # one run and ``train.X`` when imported in the next
+    if isinstance(recorded, str) and recorded.rsplit(".", 1)[-1] != live.rsplit(".", 1)[-1]:
+        return [f"{entry}: optimizer class {recorded} in the checkpoint, {live} live"]
     problems = []
     for gi, (sg, lg) in enumerate(zip(saved["param_groups"], optimizer.param_groups, strict=True)):
         foreign = sorted(set(sg) - set(lg))

@@ -27,8 +27,9 @@ __all__ = [
 
 MAX_DEPTH = 100
 """Deepest nesting of a state tree or of metrics (containers within containers)."""
-MAX_MANIFEST_BYTES = 1 << 30
-"""A manifest of 5 million tensors is about 500 MiB; a larger one is refused unread."""
+MAX_MANIFEST_BYTES = 256 << 20
+"""About 2.5 million tensors (a manifest line is about 100 bytes); a larger one is refused
+unread. Parsing holds several times the document in memory, so the cap bounds that too."""
 MAX_HEADER_BYTES = 100_000_000
 """The safetensors reference implementation's own cap on a header."""
 MAX_INDEX_BYTES = 256 << 20

@@ -190,12 +190,11 @@ def test_a_step_directory_that_is_a_link_is_never_read_or_followed(tmp_path: Pat
     assert infos[1] is None and infos[9] is not None and "symbolic link" in infos[9]
     error = finishes(lambda: sk.read(run))
     assert isinstance(error, CorruptCheckpointError) and "step_000000009" in str(error)
-    live = small_state(0)
+    state = {"model": small_state(0)["model"], "epoch": 0}
     with (
         pytest.warns(sk.StatekeeperWarning, match="skipping damaged step 9"),
         sk.Checkpointer(run) as ckpt,
     ):
-        state = {"model": live["model"], "epoch": 0}
         assert ckpt.restore_latest(state, strict=sk.Strict.ALLOW_MISSING) == 1
     sk.LocalStorage(run).remove("step_000000009")
     assert not (run / "step_000000009").exists()

@@ -14,6 +14,7 @@ The ``state`` skeleton refers to sharded tensors by their global names.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -118,6 +119,10 @@ def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
                 return f"do not lie inside its size {shape} (chunk at {start} of {size})"
     if not shape:
         return None if len(boxes) == 1 else f"are {len(boxes)}, not one, for a scalar"
+    nonempty = [(start, size) for start, size in boxes if 0 not in size]
+    grid = _grid_overlap(shape, nonempty)
+    if grid is not None:  # decided on the grid: an overlap, or the coverage
+        return grid or _coverage(shape, boxes)
     active: list[Box] = []
     for start, size in sorted(boxes):
         if 0 in size:
@@ -127,10 +132,40 @@ def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
             if all(a < b + m and b < a + n for a, n, b, m in zip(start, size, s, z, strict=True)):
                 return f"overlap (at {s} and {start})"
         active.append((start, size))
+    return _coverage(shape, boxes)
+
+
+def _coverage(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
     covered = sum(math.prod(size) for _, size in boxes)
     if covered != math.prod(shape):
         return f"cover {covered} of its {math.prod(shape)} elements"
     return None
+
+
+def _grid_overlap(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
+    """Overlap found on the grid that every box edge cuts, in time linear in its cells:
+    "" when no cell is covered twice, a problem when one is, None when that grid has far
+    more cells than there are boxes (a partition that is no grid: the sweep decides).
+    Sharded checkpoints split tensors on a grid (rows, columns, blocks), so a crafted manifest
+    of many column chunks costs linear time, not quadratic."""
+    cuts = [
+        sorted({0, dim, *(s[d] for s, _ in boxes), *(s[d] + z[d] for s, z in boxes)})
+        for d, dim in enumerate(shape)
+    ]
+    cells = math.prod(len(c) - 1 for c in cuts)
+    if cells > 8 * len(boxes) + 64:
+        return None
+    index = [{v: i for i, v in enumerate(c)} for c in cuts]
+    strides = [math.prod(len(c) - 1 for c in cuts[d + 1 :]) for d in range(len(cuts))]
+    owner: dict[int, int] = {}
+    for b, (start, size) in enumerate(boxes):
+        spans = [range(index[d][start[d]], index[d][start[d] + size[d]]) for d in range(len(shape))]
+        for cell in itertools.product(*spans):
+            flat = sum(i * st for i, st in zip(cell, strides, strict=True))
+            other = owner.setdefault(flat, b)
+            if other != b:
+                return f"overlap (at {boxes[other][0]} and {start})"
+    return ""
 
 
 def assemble(

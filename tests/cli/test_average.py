@@ -148,6 +148,7 @@ def test_average_reads_the_files_every_other_command_reads(invoke: Invoke, tmp_p
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert _json(result)["step"] == 7  # the newest statekeeper input's step
+    assert _json(result)["tensors"] == len(first.state_dict())  # tensors, not inputs
     averaged = sk.read(tmp_path / "out")
     for name, value in first.state_dict().items():
         others = (second.state_dict()[name], _model(3).state_dict()[name])

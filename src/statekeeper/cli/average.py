@@ -15,6 +15,7 @@ from statekeeper.checkpoint.save import save
 from statekeeper.cli import render
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
+from statekeeper.state.tree import flatten
 
 __all__ = ["average", "parse_weights"]
 
@@ -27,15 +28,17 @@ def _average_foreign(
     step: int | None,
     overwrite: bool,
     progress: Callable[[int, int], None],
-) -> CheckpointInfo:
+) -> tuple[CheckpointInfo, int]:
     """Inputs some of which are foreign: each read whole, one at a time (``average_states``).
-    The output step defaults to the newest statekeeper input's, or 0."""
+    The output step defaults to the newest statekeeper input's, or 0. Returns the saved
+    step and how many tensors it holds (tied ones once)."""
     weights = [1.0] * len(ckpts) if raw is None else raw
     steps = [locate(c, None).step for c in ckpts if foreign_format(c) is None]
     states = ((c, read(c)) for c in ckpts)
     result = average_states(states, weights, key=key, progress=progress)
     chosen = step if step is not None else max([s for s in steps if s >= 0], default=0)
-    return save(out, result, step=chosen, overwrite=overwrite)
+    tensors = len({id(t) for t in flatten(result).tensors.values()})
+    return save(out, result, step=chosen, overwrite=overwrite), tensors
 
 
 def parse_weights(text: str | None) -> list[float] | None:
@@ -98,6 +101,10 @@ def average(
         if update is not None:
             update(done, total)
 
+    def read_inputs(done: int, total: int) -> None:
+        if update is not None:
+            update(done, total)
+
     with render.reported_errors():
         raw = parse_weights(weights)
         normalized = normalize_weights(raw, len(ckpts))
@@ -106,17 +113,17 @@ def average(
         with render.ByteProgress(enabled=not as_json, counts=True) as bar:
             update = bar.phase("averaging tensors" if not foreign else "reading and averaging")
             try:
-                if foreign:
-                    info = _average_foreign(ckpts, out, raw, key, step, overwrite, count)
+                if foreign:  # progress counts inputs read; the summary counts tensors
+                    info, tensors = _average_foreign(ckpts, out, raw, key, step, overwrite,
+                                                     read_inputs)  # fmt: skip
                 else:
                     info = average_checkpoints(
                         ckpts, out, weights=raw, key=key, step=step, overwrite=overwrite,
                         progress=count,
                     )  # fmt: skip
             except StepExistsError as exc:  # the library's advice names a Python argument
-                where = str(exc).split(" is already committed", 1)[0]
                 render.fail(
-                    f"{where} is already committed; pass --overwrite to replace it, or "
+                    f"{exc.filename} is already committed; pass --overwrite to replace it, or "
                     "--step N to save under another step",
                     1,
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tests.helpers.hostile import ENTRY, saved_run, small_state
 from tests.helpers.saver import state_for
 
 import statekeeper as sk
+from statekeeper.format.safetensors_io import layout
 from statekeeper.storage import local
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,19 +53,23 @@ def test_retention_unlists_a_step_before_deleting_any_of_its_files(
 
 
 def test_sigkill_during_retention_never_leaves_a_listed_step_that_fails(tmp_path: Path) -> None:
-    """An async Checkpointer keeping one step, killed at random instants (2 of 10 such runs
-    left a listed, half-deleted step before deletions were made atomic)."""
+    """A Checkpointer keeping one step, killed at random instants, asynchronous and blocking
+    in turn (2 of 10 async runs left a listed, half-deleted step before deletions were made
+    atomic). Each kill comes after the child reported a save, so blocking runs always make
+    progress: the count below depends on no timing."""
     rng = random.Random(77)
     next_step = 0
     for kill in range(10):
+        mode = "async" if kill % 2 else "sync"
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), "async",
+            [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), mode,
              "keep"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.05, 0.6))  # a random kill instant, not a timing assertion
+        assert child.stdout.readline().strip().isdigit()  # one save reported (sync: committed)
+        time.sleep(rng.uniform(0.0, 0.4))  # a random kill instant, not a timing assertion
         child.kill()
         child.wait()
         infos = sk.list_checkpoints(tmp_path)
@@ -75,7 +81,7 @@ def test_sigkill_during_retention_never_leaves_a_listed_step_that_fails(tmp_path
         sk.remove_partial(tmp_path)
         if infos:
             next_step = infos[-1].step + 1
-    assert next_step > 5, "too few saves committed for the kills to mean anything"
+    assert next_step >= 5  # every blocking run committed at least the step it reported
 
 
 class _RetentionRacer(sk.LocalStorage):
@@ -171,7 +177,9 @@ def test_a_full_disk_is_a_storage_error_naming_run_step_file_and_bytes(
     text = str(exc)
     assert f"saving step 2 into {run} failed" in text
     assert "tensors-00000.safetensors" in text and "step_000000002.partial-" in text
-    assert f"needs {4 * 1024 * 1024 + 128}" in text or "bytes for its tensor files" in text
+    claimed = int(re.search(r"The step needs (\d+) bytes for its tensor files", text)[1])  # type: ignore[index]
+    needed = layout({"w": _big(2)["w"]}).size  # the checkpointers add the RNG states
+    assert claimed == needed if how == "save" else needed < claimed < needed + (1 << 20)
     assert "free space" in text
     assert [i.step for i in sk.list_checkpoints(run)] == [1]
     assert sk.list_partial(run) == []

@@ -150,7 +150,11 @@ class StepNotFoundError(StatekeeperError, FileNotFoundError):
 
 
 class StepExistsError(StatekeeperError, FileExistsError):
-    """A committed step with that number already exists."""
+    """A committed step with that number already exists; ``path`` names it."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class WriterConflictError(StatekeeperError, BlockingIOError):

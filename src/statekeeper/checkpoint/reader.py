@@ -11,6 +11,7 @@ import torch
 from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.verifier import Progress, Verifier
+from statekeeper.checkpoint.verify import tensors_by_file
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import rebuild_alias
 from statekeeper.format.checksum import Buffer
@@ -60,13 +61,7 @@ def _load_tensors(
     location: Location, manifest: Manifest, verifier: Verifier
 ) -> dict[str, torch.Tensor]:
     """Every tensor, decoded while ``verifier`` checksums the files (not yet confirmed)."""
-    by_file: dict[str, list[str]] = {}
-    for name, rec in manifest.tensors.items():
-        if rec.file not in manifest.files:
-            raise CorruptCheckpointError(
-                location.path(MANIFEST), f"tensor {name!r} is in unlisted file {rec.file!r}"
-            )
-        by_file.setdefault(rec.file, []).append(name)
+    by_file = tensors_by_file(location, manifest)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(manifest.files):
         data = verifier.open(manifest, file)

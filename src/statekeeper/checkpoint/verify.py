@@ -23,10 +23,11 @@ from statekeeper.format.safetensors_header import read_header
 from statekeeper.format.sharding import tiling_problem
 from statekeeper.format.values import decode_value
 
-__all__ = ["verify_step"]
+__all__ = ["tensors_by_file", "verify_step"]
 
 
-def _by_file(location: Location, manifest: Manifest) -> dict[str, list[str]]:
+def tensors_by_file(location: Location, manifest: Manifest) -> dict[str, list[str]]:
+    """The names of the tensors each file holds; a record naming an unlisted file is damage."""
     by_file: dict[str, list[str]] = {}
     for name, rec in manifest.tensors.items():
         if rec.file not in manifest.files:
@@ -101,7 +102,7 @@ def verify_step(location: Location, progress: Progress | None = None) -> Manifes
         raise CorruptCheckpointError(
             location.path(MANIFEST), f"manifest is for step {manifest.step}, not {location.step}"
         )
-    by_file = _by_file(location, manifest)
+    by_file = tensors_by_file(location, manifest)
     verifier = Verifier(location)
     try:
         opened = {file: verifier.open(manifest, file) for file in sorted(manifest.files)}

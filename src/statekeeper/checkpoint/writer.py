@@ -89,12 +89,11 @@ def check_step(storage: Storage, step: int, overwrite: bool) -> bool:
     entry = step_entry(validate_step(step))
     exists = any(p.step == step for p in committed(storage))
     if exists and not overwrite:
-        error = StepExistsError(
+        raise StepExistsError(
             f"{storage.describe(entry)} is already committed; pass overwrite=True to replace it "
-            "or save under another step"
+            "or save under another step",
+            path=storage.describe(entry),
         )
-        error.filename = storage.describe(entry)  # the step, for callers that word their own
-        raise error
     return exists
 
 

@@ -123,7 +123,7 @@ def average(
                     )  # fmt: skip
             except StepExistsError as exc:  # the library's advice names a Python argument
                 render.fail(
-                    f"{exc.filename} is already committed; pass --overwrite to replace it, or "
+                    f"{exc.path} is already committed; pass --overwrite to replace it, or "
                     "--step N to save under another step",
                     1,
                 )

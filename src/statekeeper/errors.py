@@ -25,6 +25,7 @@ working in code that does not know statekeeper. Messages name the key, file or s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = [
@@ -45,6 +46,10 @@ __all__ = [
 ]
 
 
+_IN_STEP = re.compile(r"(^|[/\\])step_\d+([/\\.]|$)")
+"""A path inside (or of) a statekeeper step directory, whose run may hold older steps."""
+
+
 class StatekeeperError(Exception):
     """Root of every error statekeeper raises."""
 
@@ -59,10 +64,11 @@ class CorruptCheckpointError(StatekeeperError, ValueError):
     def __init__(self, path: str, problem: str) -> None:
         self.path = path
         self.problem = problem
-        super().__init__(
-            f"{path}: {problem}. The checkpoint is damaged; load an older step "
-            "(statekeeper ls shows them) or restore the file from a copy."
-        )
+        if _IN_STEP.search(path):
+            fix = "load an older step (statekeeper ls shows them) or restore the file from a copy"
+        else:  # a foreign checkpoint: it has no older steps
+            fix = "restore the file from a copy, or save it again from its source"
+        super().__init__(f"{path}: {problem}. The checkpoint is damaged; {fix}.")
 
 
 class UnsupportedFormatError(StatekeeperError, ValueError):

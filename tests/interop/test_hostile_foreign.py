@@ -581,3 +581,11 @@ def test_a_foreign_folder_named_like_a_step_is_still_foreign(tmp_path: Path) -> 
     (lost / "manifest.json").unlink()
     with pytest.raises(sk.CorruptCheckpointError, match=r"manifest\.json is missing"):
         sk.read(lost)
+
+
+def test_damage_in_a_foreign_file_does_not_advise_older_steps(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(sk.CorruptCheckpointError) as caught:
+        sk.read(path)
+    assert "older step" not in str(caught.value) and "restore the file" in str(caught.value)

@@ -22,6 +22,7 @@ EXPECTED = {
     "UnsupportedValueError", "Value", "WorkerRNGDataset", "WriterConflictError", "__version__",
     "average_checkpoints",
     "list_checkpoints", "list_partial", "load", "read", "remove_partial", "save",
+    "CheckpointUnreadableError", "LocationError", "StateMismatchError",
     "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
 }  # fmt: skip

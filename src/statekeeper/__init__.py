@@ -45,13 +45,16 @@ if _typing.TYPE_CHECKING:
     from statekeeper.data.worker_rng import WorkerRNGDataset
     from statekeeper.distributed.scope import PerRank, Scope
     from statekeeper.errors import (
+        CheckpointUnreadableError,
         CorruptCheckpointError,
         InvalidArgumentError,
         KeyMismatchError,
         LoadStateError,
+        LocationError,
         RankFailure,
         StatekeeperError,
         StatekeeperWarning,
+        StateMismatchError,
         StepExistsError,
         StepNotFoundError,
         StorageError,
@@ -79,6 +82,7 @@ _EXPORTS = {
     "BufferPolicy": "statekeeper.averaging.averaged_model",
     "CheckpointInfo": "statekeeper.checkpoint.info",
     "Checkpointer": "statekeeper.checkpoint.checkpointer",
+    "CheckpointUnreadableError": "statekeeper.errors",
     "CorruptCheckpointError": "statekeeper.errors",
     "DiffResult": "statekeeper.interop.diff",
     "EMA": "statekeeper.averaging.rules",
@@ -92,6 +96,7 @@ _EXPORTS = {
     "KeepLatest": "statekeeper.checkpoint.policies",
     "KeyMismatchError": "statekeeper.errors",
     "LoadStateError": "statekeeper.errors",
+    "LocationError": "statekeeper.errors",
     "LocalStorage": "statekeeper.storage.local",
     "MemoryStorage": "statekeeper.storage.memory",
     "Mode": "statekeeper.checkpoint.policies",
@@ -111,6 +116,7 @@ _EXPORTS = {
     "SharedStorage": "statekeeper.storage.base",
     "Stateful": "statekeeper.stateful",
     "StatekeeperError": "statekeeper.errors",
+    "StateMismatchError": "statekeeper.errors",
     "StatekeeperWarning": "statekeeper.errors",
     "StepExistsError": "statekeeper.errors",
     "StepNotFoundError": "statekeeper.errors",
@@ -157,6 +163,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "StateMismatchError",
+    "LocationError",
+    "CheckpointUnreadableError",
     "EMA",
     "SWA",
     "AtSteps",

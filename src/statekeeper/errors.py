@@ -1,20 +1,26 @@
 """Every error statekeeper raises.
 
-The tree::
+The tree, with a middle layer that says what kind of failure it is::
 
     StatekeeperError
-    ├── CorruptCheckpointError (ValueError)     a file is missing, truncated, or fails its checksum
-    ├── UnsupportedFormatError (ValueError)     the manifest's format or version is not one we read
-    ├── UnsafePickleError (ValueError)          a pickle-based file needs more than weights_only
-    ├── KeyMismatchError (KeyError)             checkpoint and live state disagree
-    ├── UnsupportedValueError (TypeError)       a value that cannot be stored without pickle
-    ├── StepNotFoundError (FileNotFoundError)   no such committed step (or no step at all)
-    ├── StepExistsError (FileExistsError)       the step is already committed
-    ├── WriterConflictError (BlockingIOError)   another live writer holds the run directory
-    ├── InvalidArgumentError (ValueError)       an argument is out of range or of the wrong kind
-    ├── LoadStateError (RuntimeError)           an object's own load_state_dict() rejected its state
-    ├── RankFailure (RuntimeError)              another rank of a distributed save/load failed
-    └── StorageError (OSError)                  the storage backend failed an operation
+    ├── CheckpointUnreadableError (ValueError)   the checkpoint on disk cannot be used as it is
+    │   ├── CorruptCheckpointError               a file missing, truncated, odd, or unverified
+    │   ├── UnsupportedFormatError               the manifest's format or version is not one we read
+    │   └── UnsafePickleError                    a pickle-based file needs more than weights_only
+    ├── StateMismatchError                       the checkpoint and the live objects disagree
+    │   ├── KeyMismatchError (KeyError)          keys, shapes, dtypes, optimizer class
+    │   └── LoadStateError (RuntimeError)        an object's load_state_dict() rejected its state
+    ├── LocationError (OSError)                  where the checkpoint should be
+    │   ├── StepNotFoundError (FileNotFoundError)  no such committed step, path, or it was deleted
+    │   ├── StepExistsError (FileExistsError)    the step is already committed
+    │   ├── WriterConflictError (BlockingIOError)  another live writer holds the run directory
+    │   └── StorageError                         the storage failed an operation (errno kept)
+    ├── InvalidArgumentError (ValueError)        an argument is out of range or of the wrong kind
+    ├── UnsupportedValueError (TypeError)        a value that cannot be stored without pickle
+    └── RankFailure (RuntimeError)               another rank of a distributed save/load failed
+
+Code branches on these classes; across ranks, where only class names travel,
+:func:`error_class` turns a name back into its class.
 
 ``StatekeeperWarning`` (a ``UserWarning``) is the one warning class: something was repaired
 or is worth knowing, but nothing was lost.
@@ -29,13 +35,16 @@ import re
 from collections.abc import Sequence
 
 __all__ = [
+    "CheckpointUnreadableError",
     "CorruptCheckpointError",
     "InvalidArgumentError",
     "KeyMismatchError",
     "LoadStateError",
+    "LocationError",
     "RankFailure",
     "StatekeeperError",
     "StatekeeperWarning",
+    "StateMismatchError",
     "StepExistsError",
     "StepNotFoundError",
     "StorageError",
@@ -43,6 +52,7 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedValueError",
     "WriterConflictError",
+    "error_class",
 ]
 
 
@@ -58,7 +68,20 @@ class StatekeeperWarning(UserWarning):
     """Something was repaired or is worth knowing, but nothing was lost."""
 
 
-class CorruptCheckpointError(StatekeeperError, ValueError):
+class CheckpointUnreadableError(StatekeeperError, ValueError):
+    """The checkpoint on disk cannot be used as it is (damaged, unsupported, unsafe)."""
+
+
+class StateMismatchError(StatekeeperError):
+    """The checkpoint and the live objects disagree; nothing was loaded (``KeyMismatchError``)
+    or an object's own ``load_state_dict`` refused its state (``LoadStateError``)."""
+
+
+class LocationError(StatekeeperError, OSError):
+    """Where the checkpoint should be: a missing or existing step, a writer conflict, storage."""
+
+
+class CorruptCheckpointError(CheckpointUnreadableError):
     """A checkpoint file is missing, truncated, malformed or fails its checksum."""
 
     def __init__(self, path: str, problem: str) -> None:
@@ -71,7 +94,7 @@ class CorruptCheckpointError(StatekeeperError, ValueError):
         super().__init__(f"{path}: {problem}. The checkpoint is damaged; {fix}.")
 
 
-class UnsupportedFormatError(StatekeeperError, ValueError):
+class UnsupportedFormatError(CheckpointUnreadableError):
     """The manifest declares a format or version this release cannot read."""
 
     def __init__(self, path: str, found: object, supported: Sequence[object]) -> None:
@@ -84,7 +107,7 @@ class UnsupportedFormatError(StatekeeperError, ValueError):
         )
 
 
-class UnsafePickleError(StatekeeperError, ValueError):
+class UnsafePickleError(CheckpointUnreadableError):
     """A pickle-based file (``torch.save``, Lightning, Accelerate) asks for more than tensors.
 
     It was refused, never loaded: ``torch.load`` with ``weights_only=True`` would have had to
@@ -109,7 +132,7 @@ class UnsafePickleError(StatekeeperError, ValueError):
         )
 
 
-class KeyMismatchError(StatekeeperError, KeyError):
+class KeyMismatchError(StateMismatchError, KeyError):
     """Live state and checkpoint disagree; ``problems`` lists every mismatch."""
 
     def __init__(self, problems: Sequence[str], hint: str = "") -> None:
@@ -151,11 +174,11 @@ class UnsupportedValueError(StatekeeperError, TypeError):
         super().__init__(message)
 
 
-class StepNotFoundError(StatekeeperError, FileNotFoundError):
+class StepNotFoundError(LocationError, FileNotFoundError):
     """The requested committed step does not exist."""
 
 
-class StepExistsError(StatekeeperError, FileExistsError):
+class StepExistsError(LocationError, FileExistsError):
     """A committed step with that number already exists; ``path`` names it."""
 
     def __init__(self, message: str, path: str = "") -> None:
@@ -163,11 +186,11 @@ class StepExistsError(StatekeeperError, FileExistsError):
         self.path = path
 
 
-class WriterConflictError(StatekeeperError, BlockingIOError):
+class WriterConflictError(LocationError, BlockingIOError):
     """Another live writer holds the run directory."""
 
 
-class StorageError(StatekeeperError, OSError):
+class StorageError(LocationError):
     """The storage backend failed an operation."""
 
 
@@ -175,7 +198,7 @@ class InvalidArgumentError(StatekeeperError, ValueError):
     """An argument is out of range or of the wrong kind."""
 
 
-class LoadStateError(StatekeeperError, RuntimeError):
+class LoadStateError(StateMismatchError, RuntimeError):
     """An object's own ``load_state_dict`` rejected the state statekeeper handed it."""
 
 
@@ -187,3 +210,11 @@ class RankFailure(StatekeeperError, RuntimeError):
     def __init__(self, message: str, kinds: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.kinds = tuple(kinds)
+
+
+def error_class(name: str) -> type[StatekeeperError] | None:
+    """The statekeeper error class called ``name`` (errors cross ranks as names), or None."""
+    found = globals().get(name)
+    if isinstance(found, type) and issubclass(found, StatekeeperError):
+        return found
+    return None

@@ -29,13 +29,13 @@ from statekeeper.checkpoint.writer import write_step
 from statekeeper.distributed.group import kinds_of
 from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import (
-    CorruptCheckpointError,
+    CheckpointUnreadableError,
     InvalidArgumentError,
     RankFailure,
     StatekeeperError,
     StatekeeperWarning,
     StepNotFoundError,
-    UnsupportedFormatError,
+    error_class,
 )
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.optimizer import OptimizerChange
@@ -45,16 +45,20 @@ from statekeeper.storage.local import LOCK_FILE
 __all__ = ["RNG_ENTRY", "Checkpointer"]
 
 RNG_ENTRY = "rng"
-_DAMAGED = {CorruptCheckpointError.__name__, UnsupportedFormatError.__name__}
-_GONE = {StepNotFoundError.__name__}
+_SKIPPABLE = (CheckpointUnreadableError, StepNotFoundError)
+
+
+def _classes(exc: BaseException) -> list[type[StatekeeperError] | None]:
+    """The classes of every rank's error for this load (names cross ranks: same on all)."""
+    return [error_class(kind) for kind in kinds_of(exc)]
 
 
 def _skippable(exc: BaseException) -> bool:
-    """Whether a failed load means a damaged step, or one deleted while it was read (skip
-    it). In a distributed job every rank sees the kinds of every rank's error, so all of
-    them decide alike."""
-    kinds = set(kinds_of(exc))
-    return bool(kinds) and kinds <= _DAMAGED | _GONE
+    """Whether a failed load means an unreadable step, or one deleted while it was read
+    (skip it). In a distributed job every rank sees the kinds of every rank's error, so all
+    of them decide alike."""
+    classes = _classes(exc)
+    return bool(classes) and all(c is not None and issubclass(c, _SKIPPABLE) for c in classes)
 
 
 class Checkpointer:
@@ -155,15 +159,13 @@ class Checkpointer:
                     scope=self._scope,
                     on_optimizer_change=on_optimizer_change,
                 )
-            except (
-                CorruptCheckpointError,
-                UnsupportedFormatError,
-                StepNotFoundError,
-                RankFailure,
-            ) as exc:
+            except (CheckpointUnreadableError, StepNotFoundError, RankFailure) as exc:
                 if not _skippable(exc):  # the same decision on every rank of a job
                     raise
-                what = "deleted" if set(kinds_of(exc)) <= _GONE else "damaged"
+                gone = all(
+                    c is not None and issubclass(c, StepNotFoundError) for c in _classes(exc)
+                )
+                what = "deleted" if gone else "damaged"
                 warnings.warn(
                     f"statekeeper: skipping {what} step {parsed.step}: {exc}",
                     StatekeeperWarning,

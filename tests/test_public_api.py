@@ -22,7 +22,7 @@ EXPECTED = {
     "UnsupportedValueError", "Value", "WorkerRNGDataset", "WriterConflictError", "__version__",
     "average_checkpoints",
     "list_checkpoints", "list_partial", "load", "read", "remove_partial", "save",
-    "CheckpointUnreadableError", "LocationError", "StateMismatchError",
+    "CheckpointUnreadableError", "LocationError", "StateMismatchError", "Progress",
     "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
 }  # fmt: skip
@@ -47,6 +47,7 @@ def test_public_names_not_in_all_are_modules_only() -> None:
         "data",
         "distributed",
         "errors",
+        "progress",
         "format",
         "interop",
         "state",

@@ -67,6 +67,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.interop.diff import DiffResult, diff
     from statekeeper.interop.export import export
     from statekeeper.interop.tied import TiedKeys
+    from statekeeper.progress import Progress
     from statekeeper.state.optimizer import OptimizerChange
     from statekeeper.state.rng import RNGState
     from statekeeper.stateful import Stateful, Value
@@ -101,6 +102,7 @@ _EXPORTS = {
     "MemoryStorage": "statekeeper.storage.memory",
     "Mode": "statekeeper.checkpoint.policies",
     "OptimizerChange": "statekeeper.state.optimizer",
+    "Progress": "statekeeper.progress",
     "PerRank": "statekeeper.distributed.scope",
     "RNGState": "statekeeper.state.rng",
     "RankFailure": "statekeeper.errors",
@@ -163,6 +165,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Progress",
     "StateMismatchError",
     "LocationError",
     "CheckpointUnreadableError",

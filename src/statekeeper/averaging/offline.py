@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,7 @@ from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, Key
 from statekeeper.format.aliases import Alias, rebuild_alias
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.values import Json, decode_value
+from statekeeper.progress import Progress
 from statekeeper.state.tree import unflatten
 
 __all__ = ["average_checkpoints", "normalize_weights"]
@@ -178,7 +179,7 @@ def average_checkpoints(
     key: str | None = None,
     step: int | None = None,
     overwrite: bool = False,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> CheckpointInfo:
     """Average the checkpoints ``paths`` and save the result as one step of the run ``out``.
 

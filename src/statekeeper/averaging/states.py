@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError
+from statekeeper.progress import Progress
 from statekeeper.state.tree import Flat, flatten, unflatten
 
 __all__ = ["average_states"]
@@ -71,7 +72,7 @@ def average_states(
     weights: list[float],
     *,
     key: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The weighted mean of ``states`` (``(where, state)`` pairs, consumed one at a time, one
     weight each, already validated). ``KeyMismatchError`` lists every differing tensor."""

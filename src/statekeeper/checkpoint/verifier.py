@@ -3,19 +3,17 @@ the caller parses and decodes the same bytes (``Verifier``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from statekeeper.checkpoint.location import Location
 from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
 from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.progress import Progress
 from statekeeper.storage.local import LocalStorage
 
 __all__ = ["THREAD_FROM", "Progress", "Verifier", "missing", "open_file", "read_verified"]
 
-Progress = Callable[[int, int], None]
-"""Called as ``progress(done_bytes, total_bytes)`` while files are read."""
 
 THREAD_FROM = 4 << 20  # smaller steps are hashed inline: a thread costs more than it saves
 

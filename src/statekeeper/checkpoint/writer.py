@@ -29,6 +29,7 @@ from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRe
 from statekeeper.format.safetensors_io import ShardLayout, layout, stream
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, plan_shards
 from statekeeper.format.values import Json, encode_value
+from statekeeper.progress import Progress
 from statekeeper.state.tree import flatten
 from statekeeper.storage.base import FileWriter, Storage, Transaction
 
@@ -165,7 +166,7 @@ def commit(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     created: str | None = None,
     library: dict[str, str] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> CheckpointInfo:
     """Stream the shards, write the manifest last, commit. The caller holds the writer lock.
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import click
 
 from statekeeper.averaging.offline import average_checkpoints, normalize_weights
@@ -15,6 +13,7 @@ from statekeeper.checkpoint.save import save
 from statekeeper.cli import render
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
+from statekeeper.progress import Progress
 from statekeeper.state.tree import flatten
 
 __all__ = ["average", "parse_weights"]
@@ -27,7 +26,7 @@ def _average_foreign(
     key: str | None,
     step: int | None,
     overwrite: bool,
-    progress: Callable[[int, int], None],
+    progress: Progress,
 ) -> tuple[CheckpointInfo, int]:
     """Inputs some of which are foreign: each read whole, one at a time (``average_states``).
     The output step defaults to the newest statekeeper input's, or 0. Returns the saved

@@ -12,7 +12,6 @@ generator state, so only they are loaded with numpy's array constructors allowed
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,10 @@ from statekeeper.errors import CorruptCheckpointError
 from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.pickled import load_torch_file, numpy_globals
 from statekeeper.interop.safetensors_files import read_index, read_safetensors
+from statekeeper.progress import Progress
 
 __all__ = ["accelerate_files", "read_accelerate"]
 
-Progress = Callable[[int, int], None]
 _SUFFIXES = (".safetensors.index.json", ".bin.index.json", ".safetensors", ".bin", ".pt", ".pkl")
 
 

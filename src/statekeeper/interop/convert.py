@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,10 +14,9 @@ from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
 from statekeeper.interop.tree import flat_leaves, select
+from statekeeper.progress import Progress
 
 __all__ = ["ConvertResult", "convert", "entries_for_save"]
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,10 +28,10 @@ from statekeeper.interop.dcp_plan import METADATA, BytesEntry, Item, TensorEntry
 from statekeeper.interop.foreign_files import open_file, read_capped
 from statekeeper.interop.opcodes import DisallowedAttribute, DisallowedGlobal, restricted_load
 from statekeeper.interop.pickled import load_torch_bytes
+from statekeeper.progress import Progress
 
 __all__ = ["read_dcp", "read_dcp_metadata"]
 
-Progress = Callable[[int, int], None]
 MAX_METADATA_BYTES = 256 << 20
 """A ``.metadata`` larger than this is refused unread (a few MiB for the largest models)."""
 

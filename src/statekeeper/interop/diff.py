@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import torch
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.interop.tied import TiedKeys, drop_tied
 from statekeeper.interop.tree import WRAPPER_PREFIXES, flat_leaves, select, strip_prefixes
+from statekeeper.progress import Progress
 
 __all__ = ["WRAPPER_PREFIXES", "Change", "DiffResult", "TensorDiff", "compare_states", "diff"]
 
@@ -150,7 +151,7 @@ def _same_value(x: Any, y: Any) -> bool:
 
 def compare_states(
     a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, names: tuple[str, str] = ("A", "B"),
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> DiffResult:  # fmt: skip
     """Compare two already-read states (nested or flat); see :func:`diff`."""
     if atol < 0 or rtol < 0 or not (math.isfinite(atol) and math.isfinite(rtol)):
@@ -213,7 +214,7 @@ def diff(
     key: str | None = None,
     strip: Sequence[str] = (),
     tied: TiedKeys = TiedKeys.AUTO,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> DiffResult:
     """Compare two checkpoints of any readable formats (paths, or states already read).
 

@@ -10,7 +10,7 @@ metadata ``"aliases"`` and expanded again by ``statekeeper.read``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.lightning import WEIGHTS_KEY, is_lightning
 from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
 from statekeeper.interop.tree import flat_leaves, select, strip_prefixes
+from statekeeper.progress import Progress
 
 __all__ = ["DTYPES", "ExportResult", "export", "parse_dtype", "weights_of"]
 
@@ -100,7 +101,7 @@ def export(
     dtype: str | torch.dtype | None = None,
     strip: Sequence[str] = (),
     overwrite: bool = False,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Write the inference weights of ``src`` (a path in any readable format, or a state
     already read) to the safetensors file ``out``.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,10 @@ from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.lightning import read_lightning
 from statekeeper.interop.pickled import load_torch_file
 from statekeeper.interop.safetensors_files import read_hf, read_safetensors
+from statekeeper.progress import Progress
 
 __all__ = ["ROOT_KEY", "read_foreign"]
 
-Progress = Callable[[int, int], None]
 ROOT_KEY = "state"
 """A torch.save file whose top level is not a dict is returned as ``{ROOT_KEY: obj}``."""
 

@@ -16,7 +16,7 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from statekeeper.format.safetensors_io import parse
 from statekeeper.interop.foreign_files import member, open_file, read_json, size_of
 from statekeeper.interop.pickled import load_torch_file
 from statekeeper.interop.safetensors_write import ALIASES_KEY, tie_plan, write_safetensors
+from statekeeper.progress import Progress
 from statekeeper.storage.files import check_name
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "write_safetensors",
 ]
 
-Progress = Callable[[int, int], None]
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 MAX_DIMS = 64

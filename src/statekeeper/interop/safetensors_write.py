@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,10 @@ import torch
 
 from statekeeper.errors import UnsupportedValueError
 from statekeeper.format.safetensors_io import DTYPE_CODES, layout, stream
+from statekeeper.progress import Progress
 
 __all__ = ["ALIASES_KEY", "tie_plan", "write_safetensors"]
 
-Progress = Callable[[int, int], None]
 ALIASES_KEY = "aliases"
 
 

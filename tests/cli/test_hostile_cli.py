@@ -131,3 +131,12 @@ def test_readers_refuse_the_hostile_step(
         return
     _refused(result, needle)
     assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_inspect_refuses_tensor_records_that_claim_more_than_their_file(
+    invoke: Callable[..., Result], tmp_path: Path
+) -> None:
+    run = saved_run(tmp_path / "run", steps=(1, 2))
+    rewrite_manifest(run / STEP2, lambda t: t.replace('"shape":[8,8]', '"shape":[1048576,1048576]'))
+    result = _run(invoke, "inspect", run / STEP2)
+    _refused(result, f"claim {4 * 2**40 + 32} bytes of tensors-00000.safetensors, which holds")

@@ -204,6 +204,21 @@ def _decode(manifest: Manifest, where: str) -> tuple[dict[str, Any], dict[str, A
     return state, metrics
 
 
+def _check_claims(where: str, manifest: Manifest, rows: list[TensorRow]) -> None:
+    """The tensor records of each file claim no more bytes than the file holds (a crafted
+    manifest could otherwise report terabytes of tensors in a step of a few kilobytes)."""
+    claimed: dict[str, int] = {}
+    for row in rows:
+        if row.file is not None:
+            claimed[row.file] = claimed.get(row.file, 0) + row.bytes
+    for file, total in claimed.items():
+        record = manifest.files.get(file)
+        if record is not None and total > record.size:
+            raise CorruptCheckpointError(
+                where, f"its tensors claim {total} bytes of {file}, which holds {record.size}"
+            )
+
+
 def build_report(location: Location, manifest: Manifest) -> Report:
     """Describe a checkpoint from its manifest; no tensor data is read."""
     where = location.path(MANIFEST)
@@ -233,6 +248,7 @@ def build_report(location: Location, manifest: Manifest) -> Report:
         entry.tensors.append(rows.row(name, _relative(name, owner), None))
     for entry in entries.values():
         entry.tensor_bytes = sum(row.bytes for row in entry.tensors)
+    _check_claims(where, manifest, [row for e in entries.values() for row in e.tensors])
     manifest_bytes = location.storage.size(location.entry, MANIFEST)
     every = [row for entry in entries.values() for row in entry.tensors]
     totals = Totals(

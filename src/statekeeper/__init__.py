@@ -26,7 +26,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.checkpoint.checkpointer import Checkpointer
     from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
     from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
-    from statekeeper.checkpoint.load import Strict, load, read
+    from statekeeper.checkpoint.load import Strict, load
     from statekeeper.checkpoint.policies import (
         AtSteps,
         EverySeconds,
@@ -66,6 +66,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.interop.convert import convert
     from statekeeper.interop.diff import DiffResult, diff
     from statekeeper.interop.export import export
+    from statekeeper.interop.reading import read
     from statekeeper.interop.tied import TiedKeys
     from statekeeper.progress import Progress
     from statekeeper.state.optimizer import OptimizerChange
@@ -144,7 +145,7 @@ _EXPORTS = {
     "list_checkpoints": "statekeeper.checkpoint.listing",
     "list_partial": "statekeeper.checkpoint.listing",
     "load": "statekeeper.checkpoint.load",
-    "read": "statekeeper.checkpoint.load",
+    "read": "statekeeper.interop.reading",
     "remove_partial": "statekeeper.checkpoint.listing",
     "save": "statekeeper.checkpoint.save",
     "update_bn": "statekeeper.averaging.bn",

@@ -22,14 +22,12 @@ from statekeeper.errors import (
     LoadStateError,
     StatekeeperWarning,
 )
-from statekeeper.interop.detect import foreign_format
-from statekeeper.interop.reading import read_foreign
 from statekeeper.state.modules import unwrap
 from statekeeper.state.optimizer import OptimizerChange, parameter_names, to_positional
 from statekeeper.state.rng import RNGState
 from statekeeper.stateful import is_stateful
 
-__all__ = ["StatekeeperWarning", "Strict", "load", "read"]
+__all__ = ["StatekeeperWarning", "Strict", "load", "read_statekeeper"]
 
 
 def _replace_overlapping(name: str, module: torch.nn.Module, keys: set[str]) -> list[str]:
@@ -223,18 +221,14 @@ def _load_local(
     return RestoreInfo(verified.manifest.step, verified.location.path(), values, tuple(replaced))
 
 
-def read(
+def read_statekeeper(
     directory: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """The plain nested state of a checkpoint (tensors on CPU), no live objects needed.
+    """The plain nested state of a statekeeper step (tensors on CPU), no live objects needed.
 
     ``directory`` is a run directory (the newest step, or ``step``) or a step directory.
-    Tensors that shared memory when saved share it again. A local path in another format
-    (``torch.save`` file, safetensors file or folder, Lightning, Accelerate, DCP) is read
-    safely by :mod:`statekeeper.interop` (see docs/interop.md).
+    Tensors that shared memory when saved share it again. :func:`statekeeper.read` (in
+    :mod:`statekeeper.interop.reading`) also reads other formats.
     """
-    foreign = foreign_format(directory)
-    if foreign is not None:
-        return read_foreign(*foreign, step=step, progress=progress)
     with collector_paused():
         return read_step(locate(directory, step), progress).state

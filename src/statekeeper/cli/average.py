@@ -7,12 +7,12 @@ import click
 from statekeeper.averaging.offline import average_checkpoints, normalize_weights
 from statekeeper.averaging.states import average_states
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.load import read
 from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.save import save
 from statekeeper.cli import render
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
+from statekeeper.interop.reading import read
 from statekeeper.progress import Progress
 from statekeeper.state.tree import flatten
 

@@ -82,8 +82,8 @@ def convert(
 
     ``progress(done, total)`` follows the reading, ``write_progress`` the writing.
     """
-    from statekeeper.checkpoint.load import read
     from statekeeper.checkpoint.save import save
+    from statekeeper.interop.reading import read
 
     to_file = str(dst).endswith(".safetensors")
     if to_file and not overwrite and Path(dst).exists():

@@ -230,7 +230,7 @@ def diff(
     """
     if not isinstance(tied, TiedKeys):
         raise InvalidArgumentError(f"tied must be a TiedKeys, got {tied!r}")
-    from statekeeper.checkpoint.load import read
+    from statekeeper.interop.reading import read
 
     states = []
     for side in (a, b):

@@ -113,7 +113,7 @@ def export(
     name back, so ``model.load_state_dict(statekeeper.read(out))`` works. An existing
     ``out`` is replaced only with ``overwrite=True`` (``StepExistsError`` otherwise).
     """
-    from statekeeper.checkpoint.load import read
+    from statekeeper.interop.reading import read
 
     if not overwrite and Path(out).exists():
         raise StepExistsError(

@@ -6,17 +6,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from statekeeper.checkpoint.load import read_statekeeper
+from statekeeper.checkpoint.location import PathOrStorage
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.interop.accelerate import read_accelerate
 from statekeeper.interop.dcp import read_dcp
-from statekeeper.interop.detect import Format
+from statekeeper.interop.detect import Format, foreign_format
 from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.lightning import read_lightning
 from statekeeper.interop.pickled import load_torch_file
 from statekeeper.interop.safetensors_files import read_hf, read_safetensors
 from statekeeper.progress import Progress
 
-__all__ = ["ROOT_KEY", "read_foreign"]
+__all__ = ["ROOT_KEY", "read", "read_foreign"]
 
 ROOT_KEY = "state"
 """A torch.save file whose top level is not a dict is returned as ``{ROOT_KEY: obj}``."""
@@ -51,3 +53,19 @@ def read_foreign(
         size = size_of(p)
         progress(size, size)
     return state if isinstance(state, dict) else {ROOT_KEY: state}
+
+
+def read(
+    directory: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
+    """The plain nested state of a checkpoint (tensors on CPU), no live objects needed.
+
+    ``directory`` is a run directory (the newest step, or ``step``) or a step directory.
+    Tensors that shared memory when saved share it again. A local path in another format
+    (``torch.save`` file, safetensors file or folder, Lightning, Accelerate, DCP) is read
+    safely by the readers of this package (see docs/interop.md).
+    """
+    foreign = foreign_format(directory)
+    if foreign is not None:
+        return read_foreign(*foreign, step=step, progress=progress)
+    return read_statekeeper(directory, step=step, progress=progress)

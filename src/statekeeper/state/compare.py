@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Leaves", "first_difference", "leaves", "same"]
+__all__ = ["Leaves", "first_difference", "leaves", "same", "state_difference"]
 
 _MAX_DEPTH = 32
 _OPAQUE = (
@@ -116,3 +116,42 @@ def first_difference(left: Leaves, right: Leaves) -> tuple[str, Any, Any] | None
         longer = left if len(left) > len(right) else right
         return longer[min(len(left), len(right))][0], None, None
     return None
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def state_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The key path of the first difference between two states (bitwise for tensors), or None."""
+    where = path or "<root>"
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{where}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        return None if torch.equal(_raw(a), _raw(b)) else f"{where}: tensor values differ"
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        same = a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        return None if same else f"{where}: array values differ"
+    if type(a) is not type(b):
+        return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, Mapping):
+        if list(a) != list(b) and set(a) != set(b):
+            return f"{where}: keys differ ({sorted(map(str, set(a) ^ set(b)))[:5]})"
+        for key in a:
+            found = state_difference(a[key], b[key], f"{path}/{key}" if path else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(a, list | tuple):
+        if len(a) != len(b):
+            return f"{where}: length {len(a)} vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = state_difference(x, y, f"{path}/{i}" if path else str(i))
+            if found:
+                return found
+        return None
+    if isinstance(a, float) and a != a and b != b:
+        return None
+    return None if a == b else f"{where}: {a!r} vs {b!r}"

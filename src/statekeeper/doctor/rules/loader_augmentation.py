@@ -18,7 +18,7 @@ from statekeeper.data.seeding import SeededDataset
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
 from statekeeper.doctor.rules._loaders import loaders
-from statekeeper.testing import first_difference
+from statekeeper.state.compare import state_difference
 
 __all__ = ["LoaderAugmentation"]
 
@@ -29,7 +29,7 @@ def _draws_random_numbers(dataset: Any) -> bool:
             a, b = dataset[0], dataset[0]
     except Exception:  # a dataset that cannot be probed is not reported
         return False
-    return first_difference(a, b) is not None
+    return state_difference(a, b) is not None
 
 
 class LoaderAugmentation:

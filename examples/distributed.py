@@ -85,7 +85,11 @@ def main() -> None:
         losses = rank_main(phase, run)
         (out / f"{phase}-{dist.get_rank()}.json").write_text(json.dumps(losses))
         dist.destroy_process_group()
-        return
+        # torch keeps objects owning gloo threads (the device mesh, FSDP state) past
+        # destroy_process_group; tearing them down with the interpreter can abort a rank
+        # whose work is done ("terminate called without an active exception"): leave now
+        sys.stdout.flush()
+        os._exit(0)
     with tempfile.TemporaryDirectory() as tmp:
         run, out = Path(tmp) / "run", Path(tmp)
         launch("reference", Path(tmp) / "reference-run", out)

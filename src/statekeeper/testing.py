@@ -269,5 +269,16 @@ def assert_checkpoint_safe(factory: Callable[[], Any], *, allow: Sequence[str] =
         raise AssertionError(f"statekeeper doctor found {len(bad)} hazard(s):\n{lines}")
 
 
+def _exit_rank() -> None:
+    """Leave a finished rank at once: torch keeps objects that own gloo threads (device
+    meshes, FSDP state) past ``destroy_process_group``, and tearing them down with the
+    interpreter sometimes aborts the process ("terminate called without an active exception",
+    exit 134) after all its work is done. Outputs are written and closed by then."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    _exit_rank()

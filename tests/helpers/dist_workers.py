@@ -270,6 +270,11 @@ def main() -> None:
     )
     SCENARIOS[scenario](int(rank), int(world), Path(run), Path(out))
     dist.destroy_process_group()
+    # torch keeps objects owning gloo threads (device meshes, FSDP state) past
+    # destroy_process_group; their teardown with the interpreter can abort a finished rank
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,22 @@ def _uniform(t: torch.Tensor) -> bool:
     return bool(torch.equal(flat, flat[:1].expand_as(flat)))
 
 
+def _finding(name: str, buf: torch.Tensor, evidence: str, fix: str) -> Finding:
+    """An SK003 warning on buffer ``name``: identical in fresh builds, then ``evidence``."""
+    size = buf.numel() * buf.element_size()
+    return Finding(
+        DerivedConstant.id,
+        Severity.WARNING,
+        module_path(name),
+        f"persistent buffer '{name}' ({size} bytes) is identical in fresh builds under torch "
+        f"seeds {_SEEDS[0]} and {_SEEDS[1]} and {evidence}",
+        fix,
+        tensor=name,
+        shape=tuple(buf.shape),
+        bytes=size,
+    )
+
+
 def _unconfirmed(candidates: dict[str, torch.Tensor], constant: list[str]) -> Iterator[Finding]:
     """Without an example input: buffers identical in every fresh build that are not a
     uniform fill (a grid, a table, a mask) are likely constants, reported as unconfirmed."""
@@ -106,21 +122,15 @@ def _unconfirmed(candidates: dict[str, torch.Tensor], constant: list[str]) -> It
         buf = candidates[name]
         if _uniform(buf):
             continue
-        size = buf.numel() * buf.element_size()
-        yield Finding(
-            DerivedConstant.id,
-            Severity.WARNING,
-            module_path(name),
-            f"persistent buffer '{name}' ({size} bytes) is identical in fresh builds under "
-            f"torch seeds {_SEEDS[0]} and {_SEEDS[1]} and is no uniform fill: likely a "
-            "constant rebuilt in __init__, yet saved in every checkpoint (unconfirmed: with no "
-            "example input, no training step could show that it never changes)",
-            f"if it is rebuilt in __init__, register it with register_buffer("
+        yield _finding(
+            name,
+            buf,
+            "is no uniform fill: likely a constant rebuilt in __init__, yet saved in every "
+            "checkpoint (unconfirmed: with no example input, no training step could show that "
+            "it never changes)",
+            "if it is rebuilt in __init__, register it with register_buffer("
             f"'{name.rpartition('.')[2]}', tensor, persistent=False); to confirm, return "
             "{'model': model, 'example_input': x} from the factory",
-            tensor=name,
-            shape=tuple(buf.shape),
-            bytes=size,
         )
 
 
@@ -174,20 +184,14 @@ class DerivedConstant:
         for name in constant:
             if name in after and not _same(before[name], after[name]):
                 continue
-            buf = candidates[name]
-            size = buf.numel() * buf.element_size()
-            yield Finding(
-                self.id,
-                Severity.WARNING,
-                module_path(name),
-                f"persistent buffer '{name}' ({size} bytes) is identical in fresh builds under "
-                f"torch seeds {_SEEDS[0]} and {_SEEDS[1]} and unchanged by a training step: a "
-                "constant rebuilt in __init__, yet saved in every checkpoint; loading an old "
-                "checkpoint after the code changes it fails or restores stale values",
+            size = candidates[name].numel() * candidates[name].element_size()
+            yield _finding(
+                name,
+                candidates[name],
+                "unchanged by a training step: a constant rebuilt in __init__, yet saved in "
+                "every checkpoint; loading an old checkpoint after the code changes it fails or "
+                "restores stale values",
                 f"register it with register_buffer('{name.rpartition('.')[2]}', tensor, "
                 f"persistent=False): it is rebuilt in __init__ and saving it wastes {size} bytes "
                 "per checkpoint",
-                tensor=name,
-                shape=tuple(buf.shape),
-                bytes=size,
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
+from statekeeper import extensions as _extensions
 from statekeeper._version import __version__
 
 if _typing.TYPE_CHECKING:
@@ -25,6 +26,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.averaging.rules import EMA, SWA, AveragingRule
     from statekeeper.checkpoint.checkpointer import Checkpointer
     from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
+    from statekeeper.checkpoint.inspection import StepReport
     from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
     from statekeeper.checkpoint.load import Strict, load
     from statekeeper.checkpoint.policies import (
@@ -39,11 +41,13 @@ if _typing.TYPE_CHECKING:
         SavePolicy,
     )
     from statekeeper.checkpoint.save import save
+    from statekeeper.checkpoint.scope import Scope
+    from statekeeper.checkpoint.verification import StepVerification, VerifyReport
     from statekeeper.data.loader import ResumableLoader
     from statekeeper.data.sampler import ResumableBatchSampler, ResumableSampler
     from statekeeper.data.seeding import SeededDataset
     from statekeeper.data.worker_rng import WorkerRNGDataset
-    from statekeeper.distributed.scope import PerRank, Scope
+    from statekeeper.distributed.per_rank import PerRank
     from statekeeper.errors import (
         CheckpointUnreadableError,
         CorruptCheckpointError,
@@ -66,8 +70,10 @@ if _typing.TYPE_CHECKING:
     from statekeeper.interop.convert import convert
     from statekeeper.interop.diff import DiffResult, diff
     from statekeeper.interop.export import export
+    from statekeeper.interop.inspection import ForeignReport, inspect
     from statekeeper.interop.reading import read
     from statekeeper.interop.tied import TiedKeys
+    from statekeeper.interop.verification import verify
     from statekeeper.progress import Progress
     from statekeeper.state.optimizer import OptimizerChange
     from statekeeper.state.rng import RNGState
@@ -104,7 +110,7 @@ _EXPORTS = {
     "Mode": "statekeeper.checkpoint.policies",
     "OptimizerChange": "statekeeper.state.optimizer",
     "Progress": "statekeeper.progress",
-    "PerRank": "statekeeper.distributed.scope",
+    "PerRank": "statekeeper.distributed.per_rank",
     "RNGState": "statekeeper.state.rng",
     "RankFailure": "statekeeper.errors",
     "RestoreInfo": "statekeeper.checkpoint.info",
@@ -114,7 +120,7 @@ _EXPORTS = {
     "Retention": "statekeeper.checkpoint.policies",
     "SWA": "statekeeper.averaging.rules",
     "SavePolicy": "statekeeper.checkpoint.policies",
-    "Scope": "statekeeper.distributed.scope",
+    "Scope": "statekeeper.checkpoint.scope",
     "SeededDataset": "statekeeper.data.seeding",
     "SharedStorage": "statekeeper.storage.base",
     "Stateful": "statekeeper.stateful",
@@ -149,7 +155,23 @@ _EXPORTS = {
     "remove_partial": "statekeeper.checkpoint.listing",
     "save": "statekeeper.checkpoint.save",
     "update_bn": "statekeeper.averaging.bn",
+    "inspect": "statekeeper.interop.inspection",
+    "verify": "statekeeper.interop.verification",
+    "ForeignReport": "statekeeper.interop.inspection",
+    "StepReport": "statekeeper.checkpoint.inspection",
+    "StepVerification": "statekeeper.checkpoint.verification",
+    "VerifyReport": "statekeeper.checkpoint.verification",
 }
+
+
+def _install_extensions() -> None:
+    """Register the layers above the core with it (run before the first save or load): the
+    data loaders' adapters, and the job-wide save and load (:mod:`statekeeper.extensions`)."""
+    _importlib.import_module("statekeeper.data")
+    _importlib.import_module("statekeeper.distributed")
+
+
+_extensions.add_installer(_install_extensions)
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -238,4 +260,10 @@ __all__ = [
     "remove_partial",
     "save",
     "update_bn",
+    "inspect",
+    "verify",
+    "ForeignReport",
+    "StepReport",
+    "StepVerification",
+    "VerifyReport",
 ]

@@ -53,6 +53,7 @@ __all__ = [
     "UnsupportedValueError",
     "WriterConflictError",
     "error_class",
+    "error_kinds",
 ]
 
 
@@ -218,3 +219,11 @@ def error_class(name: str) -> type[StatekeeperError] | None:
     if isinstance(found, type) and issubclass(found, StatekeeperError):
         return found
     return None
+
+
+def error_kinds(exc: BaseException) -> tuple[str, ...]:
+    """The class names of the errors raised for one step: in a distributed job every failing
+    rank's (the same tuple on every rank, so that all ranks decide alike), else ``exc``'s."""
+    if isinstance(exc, RankFailure):
+        return exc.kinds
+    return tuple(getattr(exc, "rank_kinds", (type(exc).__name__,)))

@@ -242,7 +242,7 @@ def test_collector_is_paused_during_load_and_restored(
         seen.append(gc.isenabled())
         original(pairs)
 
-    monkeypatch.setattr("statekeeper.checkpoint.load.copy_pairs", spy)
+    monkeypatch.setattr("statekeeper.checkpoint.adapters.copy_pairs", spy)
     sk.load(tmp_path, {"model": model})
     assert seen == [False] and gc.isenabled()
     with pytest.raises(sk.KeyMismatchError):
@@ -324,7 +324,7 @@ def test_damaged_file_is_reported_before_a_planning_error(
     def broken(*args: object) -> None:
         raise RuntimeError("planning failed")
 
-    monkeypatch.setattr("statekeeper.checkpoint.load.direct_pairs", broken)
+    monkeypatch.setattr("statekeeper.checkpoint.adapters.direct_pairs", broken)
     with pytest.raises(sk.CorruptCheckpointError, match="checksum"):
         sk.load(tmp_path, {"model": nn.Linear(4, 4)})
     shard.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))  # intact again

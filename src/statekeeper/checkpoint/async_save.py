@@ -3,7 +3,8 @@
 ``AsyncWriter.submit`` runs in the caller: it waits for the previous save (one in flight at
 a time, so two saves never interleave), raises that save's error if it failed, captures and
 plans the new state, and copies every stored tensor into a staging buffer (pinned host
-memory when any tensor is on CUDA) that is kept and reused by the next save. A background
+memory when any tensor is on CUDA) that the next save of the same writer reuses (or that is
+freed once the step is written: :class:`Staging`). A background
 thread then streams the shards from the staging buffer, writes the manifest, commits and
 calls ``on_commit`` (retention). Its error is kept and raised by the next ``submit``, by
 ``wait()`` and by ``close()``, never lost. The staged copy is a snapshot: the training loop
@@ -16,17 +17,20 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
 import torch
 
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
 from statekeeper.checkpoint.writer import Prepared, check_step, commit, prepare
+from statekeeper.errors import InvalidArgumentError
 from statekeeper.storage.base import Storage
 
-__all__ = ["AsyncWriter", "PendingSave"]
+__all__ = ["AsyncWriter", "PendingSave", "Staging"]
 
 _ALIGN = 64
 
@@ -40,6 +44,19 @@ class _Staged:
     on_cuda: bool
     views: dict[str, torch.Tensor]
     copied: tuple[str, ...]
+
+
+class Staging(StrEnum):
+    """What a writer does with its staging buffer once a save is written.
+
+    - ``REUSE``: keep it for the next save (a ``Checkpointer`` saving the same state again:
+      no allocation, no page faults in the caller's stall);
+    - ``RELEASE``: free it (a one-off ``save(..., blocking=False)``: nothing state-sized is
+      kept once the step is committed).
+    """
+
+    REUSE = "reuse"
+    RELEASE = "release"
 
 
 class PendingSave:
@@ -68,7 +85,10 @@ class PendingSave:
 class AsyncWriter:
     """One background save at a time, with staging buffers reused between saves."""
 
-    def __init__(self) -> None:
+    def __init__(self, staging: Staging = Staging.REUSE) -> None:
+        if not isinstance(staging, Staging):
+            raise InvalidArgumentError(f"staging must be a Staging, got {staging!r}")
+        self._release = staging is Staging.RELEASE
         self._pending: PendingSave | None = None
         self._unreported: PendingSave | None = None
         self._staging: torch.Tensor | None = None
@@ -78,6 +98,11 @@ class AsyncWriter:
     def _consume(self, pending: PendingSave) -> None:
         if self._unreported is pending:
             self._unreported = None
+
+    def idle(self) -> bool:
+        """Whether no save is in flight and no failure waits to be reported."""
+        running = self._pending is not None and not self._pending.done()
+        return not running and (self._unreported is None or self._unreported._error is None)
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight; raise its error (once) if it failed."""
@@ -148,13 +173,14 @@ class AsyncWriter:
         prepared: Prepared,
         *,
         step: int,
+        options: SaveOptions,
         lock: AbstractContextManager[None] | None = None,
         on_commit: Callable[[CheckpointInfo], None] | None = None,
-        **options: Any,
     ) -> PendingSave:
-        """Stage ``prepared`` and write it in the background (see the module docstring)."""
+        """Stage ``prepared`` and write it in the background (see the module docstring);
+        ``lock`` is held by the background write until it ends."""
         self.wait()
-        check_step(storage, step, bool(options.get("overwrite", False)))
+        check_step(storage, step, options.overwrite)
         with collector_paused():
             snapshot = replace(prepared, stored=self._stage(prepared))
         stack = ExitStack()
@@ -165,13 +191,15 @@ class AsyncWriter:
         def run() -> None:
             try:
                 with stack:
-                    info = commit(storage, snapshot, step=step, **options)
+                    info = commit(storage, snapshot, step=step, options=options)
                     if on_commit is not None:
                         on_commit(info)
                 pending._info = info
             except BaseException as exc:  # kept and raised on the caller's next call
                 pending._error = exc
             finally:
+                if self._release:
+                    self._staging = self._staged = None
                 pending._done.set()
 
         self._pending = self._unreported = pending

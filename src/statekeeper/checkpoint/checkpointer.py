@@ -15,19 +15,17 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
 
-import torch.distributed as dist
-
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
+from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial
 from statekeeper.checkpoint.load import Strict, check_assignable, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.naming import parse_entry
+from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.policies import Retention, SavePolicy
-from statekeeper.checkpoint.save import capture, frozen_names
-from statekeeper.checkpoint.writer import write_step
-from statekeeper.distributed.group import kinds_of
-from statekeeper.distributed.scope import Scope, is_distributed
+from statekeeper.checkpoint.save import save_state
+from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.errors import (
     CheckpointUnreadableError,
     InvalidArgumentError,
@@ -36,6 +34,7 @@ from statekeeper.errors import (
     StatekeeperWarning,
     StepNotFoundError,
     error_class,
+    error_kinds,
 )
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.optimizer import OptimizerChange
@@ -50,7 +49,7 @@ _SKIPPABLE = (CheckpointUnreadableError, StepNotFoundError)
 
 def _classes(exc: BaseException) -> list[type[StatekeeperError] | None]:
     """The classes of every rank's error for this load (names cross ranks: same on all)."""
-    return [error_class(kind) for kind in kinds_of(exc)]
+    return [error_class(kind) for kind in error_kinds(exc)]
 
 
 def _skippable(exc: BaseException) -> bool:
@@ -106,11 +105,11 @@ class Checkpointer:
                 "async_save=False, or scope=Scope.LOCAL to checkpoint from one process"
             )
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
-        self._leader = not self._distributed or dist.get_rank() == 0
+        self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
         self.every = every
         self.rng = RNGState(generators)
-        self._shard_bytes = shard_bytes
+        self._options = SaveOptions(shard_bytes=shard_bytes)
         self._clock = clock
         self._stack = ExitStack()
         if self._leader:
@@ -118,7 +117,7 @@ class Checkpointer:
         self._resumed_from: int | None = None
         self._last_save = clock()
         self._closed = False
-        self._writer = AsyncWriter() if async_save else None
+        self._writer = AsyncWriter() if async_save else None  # owned: staging reused
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if RNG_ENTRY in state:
@@ -212,9 +211,7 @@ class Checkpointer:
             p.step == step for p in committed(self.storage)
         )
         if self._distributed:  # rank 0 decides for all: clocks and listings may differ
-            from statekeeper.distributed.group import broadcast, checkpoint_group
-
-            due = bool(broadcast(due, checkpoint_group()))
+            due = collective().decide(due)
         return self.save(step, state, metrics) if due else None
 
     def save(
@@ -222,31 +219,22 @@ class Checkpointer:
     ) -> CheckpointInfo | PendingSave:
         """Save now (RNG included), then apply retention (in the background if async)."""
         self._check_open()
-        full = self._with_rng(state)
-        if self._distributed or is_distributed(self._scope, full):
-            from statekeeper.distributed.save import save_distributed
-
-            info = save_distributed(self.storage, full, step=step, metrics=metrics)
-            self._last_save = self._clock()
-            if self._leader:
-                self._retain(info.step)
-            return info
-        options: dict[str, Any] = {"frozen": frozen_names(full), "shard_bytes": self._shard_bytes}
-        if self._writer is not None:
-            prepared = self._writer.prepare(capture(full), metrics)  # plan cache: less stall
-            pending = self._writer.submit(
-                self.storage,
-                prepared,
-                step=step,
-                on_commit=lambda i: self._retain(i.step),
-                **options,
-            )
-            self._last_save = self._clock()
-            return pending
-        info = write_step(self.storage, capture(full), step=step, metrics=metrics, **options)
+        result = save_state(
+            self.storage,
+            self._with_rng(state),
+            step=step,
+            metrics=metrics,
+            options=self._options,
+            scope=self._scope,
+            writer=self._writer,
+            on_commit=self._committed,
+        )
         self._last_save = self._clock()
-        self._retain(info.step)
-        return info
+        return result
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        if self._leader:  # in a job, rank 0 applies retention for everyone
+            self._retain(info.step)
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background save; raise its error if it failed (no-op when synchronous)."""

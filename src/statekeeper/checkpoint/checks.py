@@ -9,10 +9,7 @@ from typing import Any
 
 import torch
 
-from statekeeper.state.modules import unwrap
-from statekeeper.state.rng import RNGState
-
-__all__ = ["Strict", "check_state"]
+__all__ = ["Strict", "entry_problems", "module_problems", "tensor_problems"]
 
 
 class Strict(StrEnum):
@@ -38,28 +35,20 @@ class Strict(StrEnum):
         return self in (Strict.ALLOW_UNEXPECTED, Strict.PARTIAL)
 
 
-def _check_tensor(where: str, saved: Any, live: Any, problems: list[str]) -> None:
+def tensor_problems(where: str, saved: Any, live: Any) -> list[str]:
+    """Why the checkpoint's ``saved`` cannot be copied into the live tensor ``live``."""
     if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
         if saved.shape != live.shape:
-            problems.append(
-                f"{where}: shape {tuple(saved.shape)} in checkpoint, {tuple(live.shape)} live"
-            )
-        elif saved.dtype != live.dtype:
-            problems.append(f"{where}: dtype {saved.dtype} in checkpoint, {live.dtype} live")
+            return [f"{where}: shape {tuple(saved.shape)} in checkpoint, {tuple(live.shape)} live"]
+        if saved.dtype != live.dtype:
+            return [f"{where}: dtype {saved.dtype} in checkpoint, {live.dtype} live"]
     elif isinstance(live, torch.Tensor) != isinstance(saved, torch.Tensor):
-        problems.append(
-            f"{where}: {type(saved).__name__} in checkpoint, {type(live).__name__} live"
-        )
+        return [f"{where}: {type(saved).__name__} in checkpoint, {type(live).__name__} live"]
+    return []
 
 
-def check_state(
-    saved: dict[str, Any],
-    state: Mapping[str, Any],
-    strict: Strict,
-    planned: Collection[str] = (),
-) -> list[str]:
-    """Every key, shape and dtype mismatch; modules in ``planned`` (whose direct copy plan
-    already matched every key, shape and dtype) are not compared again."""
+def entry_problems(saved: Collection[str], state: Collection[str], strict: Strict) -> list[str]:
+    """The entries missing from the checkpoint or from the live state, as ``strict`` allows."""
     problems: list[str] = []
     if not strict.missing_ok:
         problems += [f"{n}: missing from the checkpoint" for n in state if n not in saved]
@@ -67,36 +56,28 @@ def check_state(
         problems += [
             f"{n}: in the checkpoint but not in the live state" for n in saved if n not in state
         ]
-    for name, obj in state.items():
-        if name not in saved or name in planned:
-            continue
-        if isinstance(obj, torch.nn.Module):
-            live_sd = unwrap(obj).state_dict()
-            saved_sd = saved[name]
-            if not isinstance(saved_sd, Mapping):
-                problems.append(
-                    f"{name}: checkpoint holds a {type(saved_sd).__name__}, not a state_dict"
-                )
-                continue
-            if not strict.missing_ok:
-                derivable = _derivable_keys(unwrap(obj))
-                problems += [
-                    f"{name}/{k}: missing from the checkpoint"
-                    for k in live_sd
-                    if k not in saved_sd and k not in derivable
-                ]
-            if not strict.unexpected_ok:
-                problems += [
-                    f"{name}/{k}: unexpected (not in the live module)"
-                    for k in saved_sd
-                    if k not in live_sd
-                ]
-            for k in live_sd.keys() & saved_sd.keys():
-                _check_tensor(f"{name}/{k}", saved_sd[k], live_sd[k], problems)
-        elif isinstance(obj, torch.Tensor):
-            _check_tensor(name, saved[name], obj, problems)
-        elif isinstance(obj, RNGState):
-            problems += obj.mismatches(saved[name], name)
+    return problems
+
+
+def module_problems(name: str, module: torch.nn.Module, saved: Any, strict: Strict) -> list[str]:
+    """Every key, shape and dtype mismatch between a module and its saved state_dict."""
+    if not isinstance(saved, Mapping):
+        return [f"{name}: checkpoint holds a {type(saved).__name__}, not a state_dict"]
+    live = module.state_dict()
+    problems: list[str] = []
+    if not strict.missing_ok:
+        derivable = _derivable_keys(module)
+        problems += [
+            f"{name}/{k}: missing from the checkpoint"
+            for k in live
+            if k not in saved and k not in derivable
+        ]
+    if not strict.unexpected_ok:
+        problems += [
+            f"{name}/{k}: unexpected (not in the live module)" for k in saved if k not in live
+        ]
+    for k in live.keys() & saved.keys():
+        problems += tensor_problems(f"{name}/{k}", saved[k], live[k])
     return problems
 
 

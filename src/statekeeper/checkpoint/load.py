@@ -6,53 +6,37 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-import torch
-
-from statekeeper.checkpoint.checks import Strict, check_state
-from statekeeper.checkpoint.direct import Pair, copy_pairs, direct_pairs
+from statekeeper.checkpoint.adapters import OPTIMIZER, PLAIN, RNG, Restoring, adapter_for
+from statekeeper.checkpoint.checks import Strict, entry_problems
+from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.location import Location, PathOrStorage, locate, resolve_storage
+from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.checkpoint.reader import PendingStep, Progress, read_step
-from statekeeper.data.torchdata import is_stateful_dataloader, restore_loader
-from statekeeper.distributed.scope import Scope, is_distributed
+from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.errors import (
     InvalidArgumentError,
     KeyMismatchError,
     LoadStateError,
     StatekeeperWarning,
 )
-from statekeeper.state.modules import unwrap
-from statekeeper.state.optimizer import OptimizerChange, parameter_names, to_positional
-from statekeeper.state.rng import RNGState
-from statekeeper.stateful import is_stateful
+from statekeeper.state.optimizer import OptimizerChange
 
-__all__ = ["StatekeeperWarning", "Strict", "load", "read_statekeeper"]
-
-
-def _replace_overlapping(name: str, module: torch.nn.Module, keys: set[str]) -> list[str]:
-    """Give self-overlapping live tensors their own memory so they can be loaded into."""
-    replaced = []
-    tensors = [
-        *module.named_parameters(remove_duplicate=False),
-        *module.named_buffers(remove_duplicate=False),
-    ]
-    for key, t in tensors:
-        if key in keys and t is not None and torch._debug_has_internal_overlap(t) == 1:
-            with torch.no_grad():
-                t.data = t.detach().clone(memory_format=torch.contiguous_format)
-            replaced.append(f"{name}/{key}")
-    return replaced
+__all__ = [
+    "Strict",
+    "check_assignable",
+    "load",
+    "read_statekeeper",
+    "restore_entry",
+    "restore_order",
+]
 
 
 def _is_plain(obj: Any) -> bool:
     """Whether ``obj`` is a plain value that cannot be restored in place (an int, a str, a
     tuple...): ``load`` assigns its saved value into the caller's mapping instead."""
-    return not (
-        isinstance(obj, torch.nn.Module | torch.Tensor | MutableMapping | list | RNGState)
-        or is_stateful_dataloader(obj)
-        or is_stateful(obj)
-    )
+    return adapter_for(obj) is PLAIN
 
 
 def check_assignable(state: Mapping[str, Any]) -> None:
@@ -68,48 +52,21 @@ def check_assignable(state: Mapping[str, Any]) -> None:
         )
 
 
-def _apply(
-    name: str,
-    obj: Any,
-    value: Any,
-    strict: Strict,
-    values: dict[str, Any],
-    direct: bool = False,
-) -> list[str]:
-    """Load ``value`` into ``obj``; with ``direct``, a module whose ``direct_pairs`` plan
-    still holds gets its tensors copied instead of a ``load_state_dict`` call."""
-    replaced: list[str] = []
-    pairs: list[Pair] | None = None
+def restore_entry(name: str, obj: Any, value: Any, ctx: Restoring) -> None:
+    """Load ``value`` (checked by the adapter's ``check``) into ``obj`` through its adapter."""
     try:
-        if isinstance(obj, torch.nn.Module):
-            inner = unwrap(obj)
-            replaced = _replace_overlapping(name, inner, set(value))
-            if direct:  # planned before the checksums: the plan again, with today's tensors
-                pairs = direct_pairs(inner, value)  # (an earlier entry may have replaced some)
-            if pairs is None:
-                inner.load_state_dict(value, strict=strict is Strict.EXACT)
-            else:
-                copy_pairs(pairs)
-        elif is_stateful_dataloader(obj):
-            restore_loader(obj, value)
-        elif is_stateful(obj):
-            obj.load_state_dict(value)
-        elif isinstance(obj, torch.Tensor):
-            with torch.no_grad():
-                obj.copy_(value)
-        elif isinstance(obj, MutableMapping) and isinstance(value, Mapping):
-            obj.clear()
-            obj.update(value)
-        elif isinstance(obj, list) and isinstance(value, list):
-            obj[:] = value
-        else:
-            values[name] = value
+        adapter_for(obj).restore(name, obj, value, ctx)
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
         raise LoadStateError(
             f"loading state entry {name!r} into its {type(obj).__name__} failed: {exc}. "
             "Entries before it were already loaded; rebuild the live objects before retrying."
         ) from exc
-    return replaced
+
+
+def restore_order(state: Mapping[str, Any]) -> list[str]:
+    """The names of ``state`` in the order they are restored: RNG last, as nothing loaded
+    after it may draw from the generators it restores."""
+    return sorted(state, key=lambda n: adapter_for(state[n]) is RNG)
 
 
 def load(
@@ -140,85 +97,63 @@ def load(
     on every rank): each rank reads only the chunks its current shards need, in any world
     size; see docs/distributed.md.
     """
-    if not isinstance(strict, Strict):
-        raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {strict!r}")
-    if not isinstance(on_optimizer_change, OptimizerChange):
-        raise InvalidArgumentError(
-            "on_optimizer_change must be a statekeeper.OptimizerChange, got "
-            f"{on_optimizer_change!r}"
-        )
+    options = RestoreOptions(strict, on_optimizer_change, progress)
     if not isinstance(state, Mapping):
         raise InvalidArgumentError(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
         )
     check_assignable(state)
     if is_distributed(scope, state):
-        from statekeeper.distributed.load import load_distributed
-
-        info = load_distributed(resolve_storage(directory), state, step=step, strict=strict)
+        info = collective().load(resolve_storage(directory), state, step=step, options=options)
     else:
         with collector_paused():
-            info = _load_local(
-                locate(directory, step), state, strict, progress, on_optimizer_change
-            )
+            info = _load_local(locate(directory, step), state, options)
     if isinstance(state, MutableMapping):  # plain values go back into the caller's mapping
         state.update(info.values)
     return info
 
 
-def _plan(
-    prepared: dict[str, Any], state: Mapping[str, Any], strict: Strict, change: OptimizerChange
-) -> tuple[dict[str, Any], set[str], list[str]]:
-    """The state to load (optimizer state made positional), the modules that have a direct
-    copy plan (whose keys, shapes and dtypes it already matched), and every mismatch."""
-    planned = {
-        name
-        for name, obj in state.items()
-        if isinstance(obj, torch.nn.Module)
-        and isinstance(prepared.get(name), Mapping)
-        and direct_pairs(unwrap(obj), prepared[name]) is not None
-    }
-    problems = check_state(prepared, state, strict, planned=planned)
-    with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
-    names = parameter_names(state) if with_optimizer else {}
-    for name, obj in state.items():
-        if name in prepared and isinstance(obj, torch.optim.Optimizer):
-            prepared[name], mismatches = to_positional(name, prepared[name], obj, names, change)
-            problems += mismatches
-    return prepared, planned, problems
+def _plan(prepared: dict[str, Any], ctx: Restoring) -> tuple[dict[str, Any], list[str]]:
+    """Each entry's value to restore (optimizer state made positional) and every mismatch.
+    Pure: it inspects the live state and loads nothing (modules whose direct copy plan
+    matched are recorded in ``ctx.direct``)."""
+    state = ctx.state
+    problems = entry_problems(prepared, state, ctx.strict)
+    adapters = {name: adapter_for(obj) for name, obj in state.items() if name in prepared}
+    # optimizers last: their mismatches are listed after those of the modules they follow
+    for name in sorted(adapters, key=lambda n: adapters[n] is OPTIMIZER):
+        prepared[name], found = adapters[name].check(name, state[name], prepared[name], ctx)
+        problems += found
+    return prepared, problems
 
 
 def _load_local(
-    location: Location,
-    state: Mapping[str, Any],
-    strict: Strict,
-    progress: Progress | None,
-    change: OptimizerChange,
+    location: Location, state: Mapping[str, Any], options: RestoreOptions
 ) -> RestoreInfo:
+    ctx = Restoring(state, options.strict, options.change)
     with PendingStep(location) as pending:
         try:  # checks and copy plans only inspect the state: they overlap the checksums
-            prepared, planned, problems = _plan(dict(pending.state), state, strict, change)
+            prepared, problems = _plan(dict(pending.state), ctx)
         except BaseException:
             pending.verify()  # a damaged file is reported before anything else
             raise
-        verified = pending.verify(progress)  # ... and before any mismatch
+        verified = pending.verify(options.progress)  # ... and before any mismatch
     if problems:
         raise KeyMismatchError(problems)
-    values: dict[str, Any] = {}
-    replaced: list[str] = []
-    # RNG last: nothing loaded after it may draw from the generators it restores
-    for name in sorted(state, key=lambda n: isinstance(state[n], RNGState)):
+    for name in restore_order(state):
         if name in prepared:
-            replaced += _apply(name, state[name], prepared[name], strict, values, name in planned)
-    if replaced:
+            restore_entry(name, state[name], prepared[name], ctx)
+    if ctx.replaced:
         warnings.warn(
-            f"statekeeper: {len(replaced)} live tensor(s) overlapped themselves in memory (built "
-            "with expand/meshgrid) and were given their own memory to load into: "
-            + ", ".join(replaced),
+            f"statekeeper: {len(ctx.replaced)} live tensor(s) overlapped themselves in memory "
+            "(built with expand/meshgrid) and were given their own memory to load into: "
+            + ", ".join(ctx.replaced),
             StatekeeperWarning,
             stacklevel=3,  # the caller of load()
         )
-    return RestoreInfo(verified.manifest.step, verified.location.path(), values, tuple(replaced))
+    return RestoreInfo(
+        verified.manifest.step, verified.location.path(), ctx.values, tuple(ctx.replaced)
+    )
 
 
 def read_statekeeper(

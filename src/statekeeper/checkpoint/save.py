@@ -1,36 +1,40 @@
-"""``save``: capture a state, write it pickle-free, commit it atomically."""
+"""``save``: capture a state, write it pickle-free, commit it atomically.
+
+:func:`save_state` is the one save pipeline: ``save()``, ``Checkpointer.save``, background
+saves and job-wide saves all go through it. It captures each entry through its adapter
+(:mod:`.adapters`, RNG first), then writes it here, or hands it to an :class:`AsyncWriter`,
+or hands the whole state to the registered :mod:`.collective` save when the whole job takes
+part.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any, Literal, overload
 
-import torch
-
-from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
+from statekeeper.checkpoint.adapters import RNG, Capturing, Kind, adapter_for
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
+from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
-from statekeeper.checkpoint.reader import Progress
+from statekeeper.checkpoint.options import SaveOptions
+from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.writer import write_step
-from statekeeper.data.torchdata import (
-    capture_loader,
-    is_stateful_dataloader,
-    loader_generators,
-    refuse_plain_dataloader,
-)
-from statekeeper.distributed.scope import Scope, is_distributed
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
+from statekeeper.progress import Progress
 from statekeeper.state.modules import unwrap
-from statekeeper.state.optimizer import parameter_names, to_named
 from statekeeper.state.rng import RNGState
-from statekeeper.stateful import is_stateful
+from statekeeper.storage.base import Storage
 
-__all__ = ["capture", "frozen_names", "save"]
+__all__ = ["capture", "frozen_names", "save", "save_state"]
+
+OnCommit = Callable[[CheckpointInfo], None]
 
 
-def capture(state: Mapping[str, Any]) -> dict[str, Any]:
-    """Each entry's ``state_dict()`` (for Stateful objects) or the plain value itself."""
+def _check_names(state: Mapping[str, Any]) -> None:
     if not isinstance(state, Mapping):
         raise InvalidArgumentError(
             f"state must be a mapping of names to objects, got {type(state).__name__}"
@@ -41,47 +45,96 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
                 f"state name {name!r} is not allowed: "
                 "use a non-empty str without '/' or a leading '$'"
             )
-    # parameter names are only needed to key optimizer state: ~4 ms per 3,300 parameters
-    # otherwise spent in an async save's stall (bench/io.py, async rows)
-    with_optimizer = any(isinstance(obj, torch.optim.Optimizer) for obj in state.values())
-    names = parameter_names(state) if with_optimizer else {}
-    owned = loader_generators(state)
+
+
+def capture(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Each entry's plain state, through its adapter (a Stateful object's ``state_dict()``,
+    an optimizer's keyed by parameter name, a plain value itself)."""
+    _check_names(state)
+    adapters = {name: adapter_for(obj) for name, obj in state.items()}
+    owned = {id(g) for name, obj in state.items() for g in adapters[name].generators(obj)}
     for obj in state.values():
         if isinstance(obj, RNGState) and any(id(g) in owned for g in obj.generators.values()):
             raise InvalidArgumentError(
                 "a generator registered with the RNG state is also a data loader's generator; "
                 "statekeeper saves it with the loader (in the right order): unregister it"
             )
+    ctx = Capturing(state)
     captured: dict[str, Any] = {}
     # RNG first: a state_dict() that draws random numbers must not change what is saved
-    for name in sorted(state, key=lambda n: not isinstance(state[n], RNGState)):
-        obj = state[name]
-        refuse_plain_dataloader(name, obj)
-        if isinstance(obj, torch.optim.Optimizer):
-            try:
-                captured[name] = to_named(name, obj, names)
-            except ValueError as exc:
-                raise InvalidArgumentError(str(exc)) from None
-        elif is_stateful_dataloader(obj):
-            captured[name] = capture_loader(name, obj)
-        elif isinstance(obj, torch.nn.Module):
-            captured[name] = unwrap(obj).state_dict()
-        else:
-            captured[name] = obj.state_dict() if is_stateful(obj) else obj
+    for name in sorted(state, key=lambda n: adapters[n] is not RNG):
+        captured[name] = adapters[name].capture(name, state[name], ctx)
     return {name: captured[name] for name in state}
 
 
-def frozen_names(state: Mapping[str, Any]) -> set[str]:
+def frozen_names(state: Mapping[str, Any]) -> frozenset[str]:
     """Tensor names of parameters that do not require grad (stored in shards of their own)."""
     names: set[str] = set()
     for name, obj in state.items():
-        if isinstance(obj, torch.nn.Module):
+        if adapter_for(obj).kind is Kind.MODULE:
             params = unwrap(obj).named_parameters()
             names.update(f"{name}/{p}" for p, param in params if not param.requires_grad)
-    return names
+    return frozenset(names)
 
 
-_writers: dict[str, AsyncWriter] = {}  # per run directory: one save in flight, staging reused
+def save_state(
+    storage: Storage,
+    state: Mapping[str, Any],
+    *,
+    step: int,
+    metrics: Mapping[str, Any] | None,
+    options: SaveOptions,
+    scope: Scope,
+    writer: AsyncWriter | None = None,
+    lock: AbstractContextManager[None] | None = None,
+    on_commit: OnCommit | None = None,
+) -> CheckpointInfo | PendingSave:
+    """The one save pipeline.
+
+    1. a job-wide save (:func:`~.scope.is_distributed`) goes to the registered collective
+       save, on every rank; ``on_commit`` runs on every rank;
+    2. else each entry is captured (RNG first) and, with a ``writer``, staged and written
+       in the background (``lock`` is held until the background write ends), or written
+       and committed now (under ``lock``).
+
+    ``on_commit(info)`` runs once the step is committed (retention).
+    """
+    validate_step(step)
+    if is_distributed(scope, state):
+        if writer is not None:
+            raise InvalidArgumentError(
+                "asynchronous saves are not supported for distributed saves yet; save with "
+                "blocking=True (every rank), or scope=Scope.LOCAL from one process"
+            )
+        info = collective().save(storage, state, step=step, metrics=metrics, options=options)
+    else:
+        options = replace(options, frozen=frozen_names(state))
+        if writer is not None:
+            prepared = writer.prepare(capture(state), metrics)  # plan cache: less stall
+            return writer.submit(
+                storage, prepared, step=step, options=options, lock=lock, on_commit=on_commit
+            )
+        with lock or nullcontext():
+            info = write_step(storage, capture(state), step=step, metrics=metrics, options=options)
+    if on_commit is not None:
+        on_commit(info)
+    return info
+
+
+# A one-off background save per run directory, until it is reported: the next save there
+# waits for it and raises its error. Writers that are done and reported are dropped.
+_in_flight: dict[str, AsyncWriter] = {}
+
+
+def _one_off_writer(storage: Storage) -> AsyncWriter:
+    for key, writer in list(_in_flight.items()):
+        if writer.idle():
+            del _in_flight[key]
+    previous = _in_flight.pop(storage.describe(), None)
+    if previous is not None:
+        previous.wait()  # one save in flight per directory; raises its error if it failed
+    writer = _in_flight[storage.describe()] = AsyncWriter(Staging.RELEASE)
+    return writer
 
 
 @overload
@@ -137,7 +190,8 @@ def save(
     With ``blocking=False`` the call returns once the tensors are copied to host memory and
     a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
     the CheckpointInfo. The next save into the same directory waits for it and raises its
-    error if it failed.
+    error if it failed. The host copy is freed once the step is written; to save the same
+    state again and again, ``Checkpointer(..., async_save=True)`` keeps and reuses it.
 
     In a multi-process job (``torch.distributed`` initialized, more than one rank) the
     default ``scope=Scope.AUTO`` makes this a collective: call it on every rank. Sharded
@@ -151,27 +205,22 @@ def save(
     """
     storage = resolve_storage(directory)
     validate_step(step)
-    if is_distributed(scope, state):
-        if not blocking:
-            raise InvalidArgumentError(
-                "blocking=False is not supported for distributed saves yet; save with "
-                "blocking=True (every rank), or scope=Scope.LOCAL from one process"
-            )
-        from statekeeper.distributed.save import save_distributed
-
-        return save_distributed(storage, state, step=step, metrics=metrics, overwrite=overwrite)
-    options: dict[str, Any] = {
-        "frozen": frozen_names(state),
-        "overwrite": overwrite,
-        "shard_bytes": shard_bytes,
-    }
-    if progress is not None:
-        if not blocking:
-            raise InvalidArgumentError("progress= is only for blocking single-process saves")
-        options["progress"] = progress
-    if not blocking:
-        writer = _writers.setdefault(storage.describe(), AsyncWriter())
-        prepared = writer.prepare(capture(state), metrics)
-        return writer.submit(storage, prepared, step=step, lock=storage.writer_lock(), **options)
-    with storage.writer_lock():
-        return write_step(storage, capture(state), step=step, metrics=metrics, **options)
+    if progress is not None and not blocking:
+        raise InvalidArgumentError("progress= is only for blocking single-process saves")
+    options = SaveOptions(overwrite=overwrite, shard_bytes=shard_bytes, progress=progress)
+    distributed = is_distributed(scope, state)
+    if distributed and not blocking:
+        raise InvalidArgumentError(
+            "blocking=False is not supported for distributed saves yet; save with "
+            "blocking=True (every rank), or scope=Scope.LOCAL from one process"
+        )
+    return save_state(
+        storage,
+        state,
+        step=step,
+        metrics=metrics,
+        options=options,
+        scope=scope,
+        writer=None if blocking else _one_off_writer(storage),
+        lock=None if distributed else storage.writer_lock(),  # a job's save: rank 0 locks
+    )

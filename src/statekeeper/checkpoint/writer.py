@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from statekeeper._version import __version__
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import committed, validate_step
 from statekeeper.checkpoint.naming import step_entry
+from statekeeper.checkpoint.options import Provenance, SaveOptions
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
 from statekeeper.errors import (
     InvalidArgumentError,
@@ -27,13 +26,20 @@ from statekeeper.format.aliases import Alias, plan_sharing
 from statekeeper.format.checksum import Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
 from statekeeper.format.safetensors_io import ShardLayout, layout, stream
-from statekeeper.format.tensors import DEFAULT_SHARD_BYTES, dtype_name, plan_shards
+from statekeeper.format.tensors import dtype_name, plan_shards
 from statekeeper.format.values import Json, encode_value
-from statekeeper.progress import Progress
 from statekeeper.state.tree import flatten
 from statekeeper.storage.base import FileWriter, Storage, Transaction
 
-__all__ = ["Prepared", "check_step", "commit", "prepare", "write_shard", "write_step"]
+__all__ = [
+    "Prepared",
+    "check_step",
+    "commit",
+    "encode_metrics",
+    "prepare",
+    "write_shard",
+    "write_step",
+]
 
 HASH_IN_THREAD_FROM = 1 << 20  # smaller chunks are hashed inline (0: always in the thread)
 
@@ -49,7 +55,7 @@ class Prepared:
     plan: Plan | None = None  # set when reusable: the same Plan means the same tensor layout
 
 
-def _encode_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Json]:
+def encode_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Json]:
     out: dict[str, Json] = {}
     for key, value in (metrics or {}).items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -79,10 +85,10 @@ def prepare(
     the plan of an earlier state of the same structure (see :mod:`.plan_cache`)."""
     if cache is not None:
         skeleton, stored, aliases, plan = cache.plan(captured)
-        return Prepared(skeleton, stored, aliases, _encode_metrics(metrics), plan)
+        return Prepared(skeleton, stored, aliases, encode_metrics(metrics), plan)
     flat = flatten(captured)
     sharing = plan_sharing(flat.tensors)
-    return Prepared(flat.skeleton, sharing.stored, sharing.aliases, _encode_metrics(metrics))
+    return Prepared(flat.skeleton, sharing.stored, sharing.aliases, encode_metrics(metrics))
 
 
 def check_step(storage: Storage, step: int, overwrite: bool) -> bool:
@@ -157,29 +163,19 @@ def _save_failed(storage: Storage, step: int, total: int, exc: OSError) -> Stora
 
 
 def commit(
-    storage: Storage,
-    prepared: Prepared,
-    *,
-    step: int,
-    frozen: set[str] | None = None,
-    overwrite: bool = False,
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
-    created: str | None = None,
-    library: dict[str, str] | None = None,
-    progress: Progress | None = None,
+    storage: Storage, prepared: Prepared, *, step: int, options: SaveOptions
 ) -> CheckpointInfo:
     """Stream the shards, write the manifest last, commit. The caller holds the writer lock.
 
-    ``progress(done, total)`` is called with the bytes of the shards written so far."""
-    if shard_bytes < 1:
-        raise InvalidArgumentError(f"shard_bytes must be positive, got {shard_bytes}")
-    exists = check_step(storage, step, overwrite)
+    ``options.progress(done, total)`` is called with the bytes of the shards written so far."""
+    progress = options.progress
+    exists = check_step(storage, step, options.overwrite)
     entry = step_entry(step)
     files: dict[str, FileRecord] = {}
     tensors: dict[str, TensorRecord] = {}
     planned = [
         (shard.file, members, layout(members))
-        for shard in plan_shards(prepared.stored, frozen or (), shard_bytes)
+        for shard in plan_shards(prepared.stored, options.frozen, options.shard_bytes)
         for members in ({n: prepared.stored[n] for n in shard.names},)
     ]
     total = sum(lay.size for _, _, lay in planned)
@@ -198,11 +194,11 @@ def commit(
             files[file] = write_shard(txn, file, members, lay, count if progress else None)
             for n, t in members.items():
                 tensors[n] = TensorRecord(file, dtype_name(t.dtype), tuple(t.shape))
+        provenance = options.provenance_now()
         manifest = Manifest(
             step=step,
-            created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            library=library
-            or {"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
+            created=provenance.created,
+            library=provenance.library,
             metrics=prepared.metrics,
             files=files,
             tensors=tensors,
@@ -231,13 +227,20 @@ def write_step(
     *,
     step: int,
     metrics: Mapping[str, Any] | None = None,
-    **options: Any,
+    options: SaveOptions | None = None,
+    created: str | None = None,
+    library: dict[str, str] | None = None,
 ) -> CheckpointInfo:
     """Write an already captured state as one committed step; the caller holds the writer lock.
 
-    ``options``: ``frozen``, ``overwrite``, ``shard_bytes``, and ``created`` / ``library``,
-    which override the provenance fields (golden-file tests pin them).
+    ``created`` / ``library`` pin the provenance fields (golden-file tests use them).
     """
     validate_step(step)
+    options = options or SaveOptions()
+    if created is not None or library is not None:
+        now = Provenance.now()
+        options = replace(
+            options, provenance=Provenance(created or now.created, library or now.library)
+        )
     with collector_paused():
-        return commit(storage, prepare(captured, metrics), step=step, **options)
+        return commit(storage, prepare(captured, metrics), step=step, options=options)

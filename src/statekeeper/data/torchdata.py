@@ -30,7 +30,7 @@ from statekeeper.errors import InvalidArgumentError, StatekeeperWarning
 __all__ = [
     "UNRESUMABLE_SAMPLERS",
     "capture_loader",
-    "loader_generators",
+    "loader_generator_list",
     "is_stateful_dataloader",
     "refuse_plain_dataloader",
     "restore_loader",
@@ -67,15 +67,9 @@ def _generators(loader: Any) -> dict[str, torch.Generator | None]:
     }
 
 
-def loader_generators(state: Mapping[str, Any]) -> set[int]:
-    """ids of the generators that StatefulDataLoader entries of ``state`` own."""
-    return {
-        id(g)
-        for obj in state.values()
-        if is_stateful_dataloader(obj)
-        for g in _generators(obj).values()
-        if g is not None
-    }
+def loader_generator_list(loader: Any) -> list[torch.Generator]:
+    """The generators a StatefulDataLoader saves with itself (its own, its sampler's)."""
+    return [g for g in _generators(loader).values() if g is not None]
 
 
 def refuse_plain_dataloader(name: str, obj: object) -> None:

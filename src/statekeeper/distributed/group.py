@@ -25,7 +25,6 @@ __all__ = [
     "checkpoint_group",
     "from_rank0",
     "gather",
-    "kinds_of",
 ]
 
 CHECKPOINT_TIMEOUT = timedelta(minutes=30)
@@ -69,24 +68,16 @@ def _describe(exc: BaseException) -> tuple[str, str]:
 
 
 def _mark(exc: BaseException, kinds: list[str]) -> BaseException:
-    """Record on ``exc`` the error kinds of every rank (see :func:`kinds_of`)."""
-    with suppress(AttributeError):  # an exception type with __slots__: kinds_of falls back
+    """Record on ``exc`` the error kinds of every rank (see ``errors.error_kinds``)."""
+    with suppress(AttributeError):  # an exception type with __slots__: error_kinds falls back
         exc.rank_kinds = tuple(kinds)  # type: ignore[attr-defined]
     return exc
-
-
-def kinds_of(exc: BaseException) -> tuple[str, ...]:
-    """The class names of the errors every failing rank raised for the same collective step,
-    the same on every rank (so that all ranks take the same decision on them)."""
-    if isinstance(exc, RankFailure):
-        return exc.kinds
-    return tuple(getattr(exc, "rank_kinds", (type(exc).__name__,)))
 
 
 def agree(failure: BaseException | None, group: dist.ProcessGroup, what: str) -> None:
     """All ranks learn whether any failed at ``what``; each failing rank re-raises its own
     error, the others raise RankFailure naming the ranks that failed and why. Every rank's
-    error carries the kinds of all failures (:func:`kinds_of`)."""
+    error carries the kinds of all failures (:func:`statekeeper.errors.error_kinds`)."""
     errors = gather(None if failure is None else _describe(failure), group)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     kinds = [kind for _, (kind, _) in failed]

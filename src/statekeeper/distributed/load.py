@@ -24,9 +24,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from statekeeper.checkpoint.adapters import Restoring
+from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.load import Strict, _apply
+from statekeeper.checkpoint.load import restore_entry, restore_order
 from statekeeper.checkpoint.location import Location, locate
+from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.distributed.dcp_storage import ManifestReader
 from statekeeper.distributed.files import VerifiedFiles
@@ -48,7 +51,6 @@ from statekeeper.errors import (
 )
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.sharding import ShardedRecord, dtype_from_name
-from statekeeper.state.rng import RNGState
 from statekeeper.state.tree import flatten, unflatten
 from statekeeper.storage.base import Storage
 
@@ -164,9 +166,10 @@ class _Plan:
 
 
 def load_distributed(
-    storage: Storage, state: Mapping[str, Any], *, step: int | None, strict: Strict
+    storage: Storage, state: Mapping[str, Any], *, step: int | None, options: RestoreOptions
 ) -> RestoreInfo:
     """Load a committed step into ``state`` on every rank (call it on all ranks)."""
+    strict = options.strict
     group = checkpoint_group()
     rank = dist.get_rank(group)
     parts = split(state)
@@ -179,7 +182,7 @@ def load_distributed(
         for optimizer in fresh:  # undo the state created to read into
             optimizer.state.clear()
         raise
-    return _apply_all(plan, parts, saved, mine, rank, strict)
+    return _apply_all(plan, parts, saved, mine, rank, Restoring(state, strict, options.change))
 
 
 def _checked(
@@ -233,12 +236,12 @@ def _apply_all(
     saved: dict[str, Any],
     mine: dict[str, Any] | None,
     rank: int,
-    strict: Strict,
+    ctx: Restoring,
 ) -> RestoreInfo:
     manifest = plan.manifest
+    strict = ctx.strict
     if mine is None:  # saved by one process: its per-rank entries are rank 0's
         mine = {n: saved.pop(n) for n in list(saved) if n in parts.per_rank} if rank == 0 else {}
-    values: dict[str, Any] = {}
     for name, module in parts.modules.items():
         if name in saved:
             apply_module(module, saved[name], strict)
@@ -247,12 +250,11 @@ def _apply_all(
             apply_optimizer(optimizer, parts.modules[owner], owner, saved[name], strict)
     for name, obj in parts.replicated.items():
         if name in saved:
-            _apply(name, obj, saved[name], strict, values)
-    # RNG last: nothing loaded after it may draw from the generators it restores
-    order = sorted(parts.per_rank, key=lambda n: isinstance(parts.per_rank[n], RNGState))
+            restore_entry(name, obj, saved[name], ctx)
+    order = restore_order(parts.per_rank)  # RNG last
     for name in order:
         if name in mine:
-            _apply(name, parts.per_rank[name], mine[name], strict, values)
+            restore_entry(name, parts.per_rank[name], mine[name], ctx)
     skipped = [n for n in order if n not in mine]
     if skipped:
         saved_world = len(manifest.sharding.ranks) if manifest.sharding is not None else 1
@@ -263,4 +265,4 @@ def _apply_all(
             StatekeeperWarning,
             stacklevel=4,
         )
-    return RestoreInfo(manifest.step, plan.location.path(), values, ())
+    return RestoreInfo(manifest.step, plan.location.path(), ctx.values, ())

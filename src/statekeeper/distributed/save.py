@@ -17,20 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from statekeeper._version import __version__
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import step_entry
+from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.save import capture
-from statekeeper.checkpoint.writer import _encode_metrics, check_step, write_shard
+from statekeeper.checkpoint.writer import check_step, encode_metrics, write_shard
 from statekeeper.distributed.dcp_storage import ChunkWriter, sharded_records
 from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather
 from statekeeper.distributed.state import capture_distributed, split
@@ -71,6 +69,7 @@ def _write_rank(files: FileWriter, rank: int, per_rank: Mapping[str, Any]) -> _R
 def _manifest(
     step: int,
     metrics: Mapping[str, Any] | None,
+    options: SaveOptions,
     skeleton: Json,
     writer: ChunkWriter,
     parts: list[_RankPart],
@@ -87,11 +86,12 @@ def _manifest(
         if part.file is not None and part.record is not None:
             files[part.file] = part.record
             tensors.update(part.tensors)
+    provenance = options.provenance_now()
     return Manifest(
         step=step,
-        created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        library={"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
-        metrics=_encode_metrics(metrics),
+        created=provenance.created,
+        library=provenance.library,
+        metrics=encode_metrics(metrics),
         files=files,
         tensors=tensors,
         aliases={},
@@ -119,8 +119,8 @@ def save_distributed(
     state: Mapping[str, Any],
     *,
     step: int,
-    metrics: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
+    metrics: Mapping[str, Any] | None,
+    options: SaveOptions,
 ) -> CheckpointInfo:
     """Save ``state`` as step ``step`` with every rank of the job (call it on all ranks)."""
     if not isinstance(storage, SharedStorage):
@@ -137,12 +137,12 @@ def save_distributed(
     try:
         if lock is not None:
             lock.__enter__()
-            txn = _begin(storage, step, overwrite)
+            txn = _begin(storage, step, options.overwrite)
     except BaseException as exc:
         begun = exc
     try:
         entry = from_rank0(txn.entry if txn else None, begun, group, f"beginning step {step}")
-        return _write_all(storage, txn, entry, rank, group, parts, step, metrics)
+        return _write_all(storage, txn, entry, rank, group, parts, step, metrics, options)
     except BaseException:
         if txn is not None:
             txn.abort()
@@ -161,6 +161,7 @@ def _write_all(
     parts: Any,
     step: int,
     metrics: Mapping[str, Any] | None,
+    options: SaveOptions,
 ) -> CheckpointInfo:
     failure: BaseException | None = None
     mine: _RankPart | None = None
@@ -190,7 +191,7 @@ def _write_all(
     failure = None
     if txn is not None:
         try:
-            manifest = _manifest(step, metrics, flat.skeleton, writer, everyone)
+            manifest = _manifest(step, metrics, options, flat.skeleton, writer, everyone)
             data = manifest.to_bytes()
             txn.write(MANIFEST, data)
             txn.commit()

@@ -6,7 +6,7 @@
   statekeeper's name-keyed optimizer format so any world size, one process included,
   can load it;
 - per rank: ``RNGState``, data loaders (``StatefulDataLoader``, ``ResumableLoader``) and
-  ``PerRank`` entries: every rank's own;
+  ``PerRank`` entries: every rank's own (their adapters say so: ``Kind.PER_RANK``);
 - everything else is replicated: rank 0's value is saved and loaded on every rank.
 """
 
@@ -25,14 +25,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from statekeeper.checkpoint.load import Strict
+from statekeeper.checkpoint.adapters import Kind, adapter_for
+from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.save import capture
-from statekeeper.data.loader import ResumableLoader
-from statekeeper.data.torchdata import is_stateful_dataloader
-from statekeeper.distributed.scope import PerRank
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.state.modules import unwrap
-from statekeeper.state.rng import RNGState
 
 __all__ = [
     "Split",
@@ -54,10 +51,6 @@ class Split:
     replicated: dict[str, Any]
 
 
-def _is_per_rank(obj: Any) -> bool:
-    return isinstance(obj, RNGState | PerRank | ResumableLoader) or is_stateful_dataloader(obj)
-
-
 def _owner(name: str, optimizer: torch.optim.Optimizer, modules: Mapping[str, Any]) -> str:
     wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
     for entry, module in modules.items():
@@ -71,19 +64,16 @@ def _owner(name: str, optimizer: torch.optim.Optimizer, modules: Mapping[str, An
 
 
 def split(state: Mapping[str, Any]) -> Split:
-    modules = {n: o for n, o in state.items() if isinstance(o, torch.nn.Module)}
-    optimizers = {
-        n: (o, _owner(n, o, modules))
-        for n, o in state.items()
-        if isinstance(o, torch.optim.Optimizer)
-    }
-    per_rank = {n: o for n, o in state.items() if _is_per_rank(o)}
-    replicated = {
-        n: o
-        for n, o in state.items()
-        if n not in modules and n not in optimizers and n not in per_rank
-    }
-    return Split(modules, optimizers, per_rank, replicated)
+    """The entries of ``state`` by the :class:`~statekeeper.checkpoint.adapters.Kind` of
+    their adapter (the one table the local path uses too)."""
+    kinds = {n: adapter_for(o).kind for n, o in state.items()}
+
+    def of(*wanted: Kind) -> dict[str, Any]:
+        return {n: o for n, o in state.items() if kinds[n] in wanted}
+
+    modules = of(Kind.MODULE)
+    optimizers = {n: (o, _owner(n, o, modules)) for n, o in of(Kind.OPTIMIZER).items()}
+    return Split(modules, optimizers, of(Kind.RNG, Kind.PER_RANK), of(Kind.REPLICATED))
 
 
 def _named_optimizer(entry: str, osd: Mapping[str, Any], shapes: Mapping[str, Any]) -> Any:

@@ -1,4 +1,4 @@
-"""Whether a save or load is one process's or the whole job's, and per-rank entries."""
+"""Whether a save or load is one process's or the whole job's."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import torch
 import torch.distributed as dist
 
 from statekeeper.errors import InvalidArgumentError
-from statekeeper.stateful import is_stateful
 
-__all__ = ["PerRank", "Scope", "holds_dtensor", "is_distributed"]
+__all__ = ["Scope", "holds_dtensor", "is_distributed"]
 
 
 class Scope(StrEnum):
@@ -65,29 +64,3 @@ def is_distributed(scope: Scope, state: Mapping[str, Any] | None = None) -> bool
     if not initialized:
         return False
     return dist.get_world_size() > 1 or (state is not None and holds_dtensor(state))
-
-
-class PerRank:
-    """Marks a Stateful entry as this rank's own: saved and restored per rank.
-
-    RNG states and data loaders are per rank already; wrap anything else that differs
-    between ranks (a custom sampler, a per-rank counter object). Every other entry that is
-    not a module or optimizer is taken as replicated and saved from rank 0.
-    """
-
-    def __init__(self, obj: Any) -> None:
-        if not is_stateful(obj):
-            raise InvalidArgumentError(
-                f"PerRank wraps objects with state_dict()/load_state_dict(), got "
-                f"{type(obj).__name__}"
-            )
-        self.obj = obj
-
-    def state_dict(self) -> Any:
-        return self.obj.state_dict()
-
-    def load_state_dict(self, state: Any) -> Any:
-        return self.obj.load_state_dict(state)
-
-    def __repr__(self) -> str:
-        return f"PerRank({self.obj!r})"

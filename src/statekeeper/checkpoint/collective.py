@@ -1,0 +1,73 @@
+"""The extension point through which a multi-process job saves and loads.
+
+The core decides *whether* a save or load is the whole job's (:mod:`.scope`); *how* it is
+done belongs to a higher layer, :mod:`statekeeper.distributed`, which registers itself here
+(:func:`register_collective`). The core asks :func:`collective` for it and never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from statekeeper import extensions
+from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
+from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
+from statekeeper.errors import StatekeeperError
+from statekeeper.storage.base import Storage
+
+__all__ = ["Collective", "collective", "register_collective"]
+
+
+class Collective(Protocol):
+    """A save or load that every rank of the job calls together."""
+
+    def save(
+        self,
+        storage: Storage,
+        state: Mapping[str, Any],
+        *,
+        step: int,
+        metrics: Mapping[str, Any] | None,
+        options: SaveOptions,
+    ) -> CheckpointInfo:
+        """Write ``state`` as step ``step`` with every rank; rank 0 commits."""
+        ...
+
+    def load(
+        self,
+        storage: Storage,
+        state: Mapping[str, Any],
+        *,
+        step: int | None,
+        options: RestoreOptions,
+    ) -> RestoreInfo:
+        """Load a committed step into ``state`` on every rank."""
+        ...
+
+    def decide(self, value: bool) -> bool:
+        """Rank 0's ``value`` on every rank (clocks and listings may differ between ranks)."""
+        ...
+
+    def is_leader(self) -> bool:
+        """Whether this process writes the run directory for the job (rank 0)."""
+        ...
+
+
+_registered: list[Collective] = []
+
+
+def register_collective(handler: Collective) -> None:
+    """Make ``handler`` the job-wide save and load (the last registration wins)."""
+    _registered[:] = [handler]
+
+
+def collective() -> Collective:
+    """The registered job-wide save and load."""
+    extensions.install()
+    if not _registered:
+        raise StatekeeperError(
+            "this save or load involves the whole job, but statekeeper.distributed is not "
+            "installed in this process: import statekeeper (or statekeeper.distributed) first"
+        )
+    return _registered[0]

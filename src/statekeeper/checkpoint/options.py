@@ -1,0 +1,96 @@
+"""What a save is asked to do, as one frozen, validated object that every save path takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import torch
+
+from statekeeper._version import __version__
+from statekeeper.checkpoint.checks import Strict
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
+from statekeeper.progress import Progress
+from statekeeper.state.optimizer import OptimizerChange
+
+__all__ = ["Provenance", "RestoreOptions", "SaveOptions"]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who wrote a step and when: the manifest's ``created`` and ``library`` fields."""
+
+    created: str
+    library: dict[str, str]
+
+    @classmethod
+    def now(cls) -> Provenance:
+        """This moment (UTC, microseconds), this statekeeper and this torch."""
+        return cls(
+            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            {"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
+        )
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """How one step is written.
+
+    - ``overwrite``: replace the step if it is committed already (else ``StepExistsError``);
+    - ``shard_bytes``: the size tensor files are split at (single-process saves);
+    - ``frozen``: tensor names of parameters that do not require grad, stored in shards of
+      their own (an incremental save can then skip them);
+    - ``progress(done, total)``: called with the tensor bytes written so far;
+    - ``provenance``: the manifest's creation time and library versions; ``None`` takes
+      :meth:`Provenance.now` when the manifest is written (golden-file tests pin it).
+    """
+
+    overwrite: bool = False
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    frozen: frozenset[str] = frozenset()
+    progress: Progress | None = None
+    provenance: Provenance | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.overwrite, bool):
+            raise InvalidArgumentError(f"overwrite must be True or False, got {self.overwrite!r}")
+        if (
+            not isinstance(self.shard_bytes, int)
+            or isinstance(self.shard_bytes, bool)
+            or self.shard_bytes < 1
+        ):
+            raise InvalidArgumentError(
+                f"shard_bytes must be a positive number of bytes, got {self.shard_bytes!r}"
+            )
+        if self.progress is not None and not callable(self.progress):
+            raise InvalidArgumentError(
+                f"progress must be a callable progress(done, total), got {self.progress!r}"
+            )
+
+    def provenance_now(self) -> Provenance:
+        """The provenance to record: the pinned one, or this moment's."""
+        return self.provenance or Provenance.now()
+
+
+@dataclass(frozen=True)
+class RestoreOptions:
+    """How a step is loaded: which key mismatches are tolerated (``strict``), what an
+    optimizer of another class means (``change``), and ``progress(done, total)`` of the
+    verified bytes."""
+
+    strict: Strict = Strict.EXACT
+    change: OptimizerChange = OptimizerChange.REFUSE
+    progress: Progress | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.strict, Strict):
+            raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {self.strict!r}")
+        if not isinstance(self.change, OptimizerChange):
+            raise InvalidArgumentError(
+                f"on_optimizer_change must be a statekeeper.OptimizerChange, got {self.change!r}"
+            )
+        if self.progress is not None and not callable(self.progress):
+            raise InvalidArgumentError(
+                f"progress must be a callable progress(done, total), got {self.progress!r}"
+            )

@@ -1,0 +1,168 @@
+"""The layer contract: every import inside the package points down the layer map (never up,
+never sideways, not even inside a function), and no two modules import each other.
+
+    errors, progress, extensions  <  storage  <  format  <  state  <  checkpoint  <
+    distributed  <  {averaging, interop, data}  <  doctor  <  testing  <  cli
+
+The package root (``statekeeper/__init__.py``) is the one exception: it is the public facade
+above every layer, loads names on first use, and hands the core its extensions.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import statekeeper as sk
+
+SRC = Path(sk.__file__).parent
+
+LAYERS: dict[str, int] = {
+    "_version": 0,
+    "errors": 0,
+    "progress": 0,
+    "extensions": 0,
+    "storage": 1,
+    "format": 2,
+    "state": 3,
+    "stateful": 3,
+    "checkpoint": 4,
+    "distributed": 5,
+    "averaging": 6,
+    "interop": 6,
+    "data": 6,
+    "doctor": 7,
+    "testing": 8,
+    "cli": 9,
+    "__main__": 9,
+}
+CORE = {name for name, layer in LAYERS.items() if layer <= LAYERS["checkpoint"]}
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield ".".join(("statekeeper", *parts)), path
+
+
+KNOWN = {m for m, _ in _modules()}
+
+
+def _imported(module: str, path: Path) -> set[str]:
+    """Every statekeeper module ``module`` imports, at any depth of its code."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:  # `from a import b`: the module a.b if there is one
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in KNOWN else base)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            found.add(str(node.args[0].value))
+    return {m for m in found if m in KNOWN and m != module}
+
+
+def _layer(module: str) -> tuple[str, int]:
+    top = module.split(".")[1]
+    return top, LAYERS[top]
+
+
+GRAPH = {m: _imported(m, p) for m, p in _modules()}
+
+
+def test_every_subpackage_and_top_module_has_a_layer() -> None:
+    tops = {m.split(".")[1] for m in GRAPH if m != "statekeeper"}
+    assert tops <= set(LAYERS), sorted(tops - set(LAYERS))
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, imports in graph.items():
+        if module == "statekeeper":
+            continue  # the facade
+        top, layer = _layer(module)
+        for target in imports:
+            if target == "statekeeper":
+                wrong.append(f"{module} imports the package root")
+                continue
+            other, other_layer = _layer(target)
+            if other != top and other_layer >= layer:
+                wrong.append(f"{module} (layer {top}) imports {target} (layer {other})")
+    return sorted(wrong)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle found by a depth-first walk of ``graph``."""
+    edges = {m: {t for t in imports if t != "statekeeper"} for m, imports in graph.items()}
+    found: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+def test_imports_point_down_the_layer_map() -> None:
+    wrong = upward_imports(GRAPH)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_core_never_imports_the_layers_above_it() -> None:
+    above = {"distributed", "interop", "doctor", "testing", "cli", "data", "averaging"}
+    offenders = [
+        f"{m} imports {t}"
+        for m, imports in GRAPH.items()
+        if m != "statekeeper" and m.split(".")[1] in CORE
+        for t in imports
+        if t.split(".")[1:2] and t.split(".")[1] in above
+    ]
+    assert not offenders, offenders
+
+
+def test_no_import_cycles() -> None:
+    """No module reaches itself through its imports, lazy ones included."""
+    found = cycles(GRAPH)
+    assert not found, "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_checks_catch_what_they_forbid() -> None:
+    """The contract is not vacuous: the graph holds the imports, and a made-up upward,
+    sideways or root import, or a cycle, is reported."""
+    assert "statekeeper.checkpoint.adapters" in GRAPH["statekeeper.checkpoint.load"]
+    bad = {
+        "statekeeper.checkpoint.save": {"statekeeper.distributed.save"},
+        "statekeeper.data.loader": {"statekeeper.interop.reading"},
+        "statekeeper.format.values": {"statekeeper"},
+    }
+    assert len(upward_imports(bad)) == 3
+    assert upward_imports({"statekeeper.cli.main": {"statekeeper.checkpoint.save"}}) == []
+    loop = {
+        "statekeeper.state.a": {"statekeeper.state.b"},
+        "statekeeper.state.b": {"statekeeper.state.a"},
+    }
+    assert cycles(loop) == [["statekeeper.state.a", "statekeeper.state.b", "statekeeper.state.a"]]

@@ -25,6 +25,7 @@ EXPECTED = {
     "CheckpointUnreadableError", "LocationError", "StateMismatchError", "Progress",
     "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
+    "inspect", "verify", "ForeignReport", "StepReport", "StepVerification", "VerifyReport",
 }  # fmt: skip
 
 
@@ -47,6 +48,7 @@ def test_public_names_not_in_all_are_modules_only() -> None:
         "data",
         "distributed",
         "errors",
+        "extensions",
         "progress",
         "format",
         "interop",

@@ -28,12 +28,12 @@ from rich.text import Text
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import ParsedEntry
-from statekeeper.checkpoint.verifier import Progress as ProgressCallback
 from statekeeper.cli.render_json import emit_json
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
+from statekeeper.progress import Progress as ProgressCallback
 
 if TYPE_CHECKING:
-    from statekeeper.cli.verify import StepResult
+    from statekeeper.checkpoint.verification import StepVerification, VerifyReport
     from statekeeper.doctor.finding import Report as DoctorReport
 
 __all__ = [
@@ -208,7 +208,7 @@ def averaged(summary: Mapping[str, Any]) -> None:
     stdout_console().print(Text(line, style="bold green"), soft_wrap=True)
 
 
-def verify_step(result: StepResult) -> None:
+def verify_step(result: StepVerification) -> None:
     label = f"step {result.step if result.step is not None else '?'}"
     if result.ok:
         line = Text(f"OK      {label}  {human_bytes(result.bytes)}  {result.path}", style="green")
@@ -217,8 +217,9 @@ def verify_step(result: StepResult) -> None:
     stdout_console().print(line, soft_wrap=True)
 
 
-def verify_summary(results: list[StepResult]) -> None:
-    failed = sum(1 for r in results if not r.ok)
+def verify_summary(report: VerifyReport) -> None:
+    results = report.steps
+    failed = len(report.failed)
     total = sum(r.bytes for r in results if r.ok)
     if failed:
         text = Text(f"{failed} of {len(results)} step(s) failed verification", style="bold red")

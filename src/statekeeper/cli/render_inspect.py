@@ -20,7 +20,7 @@ from statekeeper.cli.render import human_bytes, metrics_text, stdout_console
 from statekeeper.cli.render_table import Cell, Col, FastTable
 
 if TYPE_CHECKING:
-    from statekeeper.cli.inspect import EntryReport, Report, TensorRow
+    from statekeeper.checkpoint.inspection import EntryReport, StepReport, TensorRow
 
 __all__ = ["VALUES_SHOWN", "inspection", "shape_text", "tensor_table", "values_table"]
 
@@ -86,7 +86,7 @@ def _values_table(entry: EntryReport) -> FastTable:
     return values_table([(row.key or entry.name, row.type, row.value) for row in entry.values])
 
 
-def inspection(report: Report) -> None:
+def inspection(report: StepReport) -> None:
     out = LineWriter(stdout_console())
     out.text(f"step {report.step}  {report.path}", "bold")
     versions = ", ".join(f"{k} {v}" for k, v in sorted(report.library.items()))

@@ -1,0 +1,53 @@
+"""``verify``: check every byte of a statekeeper step or run, as a typed report; a foreign
+checkpoint is refused by name (it carries no checksums to verify). No torch."""
+
+from __future__ import annotations
+
+from statekeeper.checkpoint.location import Location, PathOrStorage
+from statekeeper.checkpoint.verification import VerifyReport, step_locations, verify_locations
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.interop.detect import foreign_format
+from statekeeper.progress import Progress
+
+__all__ = ["verify", "verify_targets"]
+
+
+def verify_targets(target: PathOrStorage, step: int | None = None) -> list[Location]:
+    """The committed steps :func:`verify` checks
+    (:func:`~statekeeper.checkpoint.verification.step_locations`), after refusing a foreign
+    checkpoint with ``InvalidArgumentError``."""
+    foreign = foreign_format(target)
+    if foreign is not None:
+        raise InvalidArgumentError(
+            f"{foreign[0]} is a {foreign[1]} checkpoint, not a statekeeper step: it carries no "
+            "checksums to verify. Read it with `statekeeper inspect`, or make a checksummed "
+            "statekeeper step of it with `statekeeper convert`"
+        )
+    return step_locations(target, step)
+
+
+def verify(
+    target: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
+) -> VerifyReport:
+    """Verify every byte of a statekeeper step, or of every committed step of a run.
+
+    ``target`` is a step or run directory, a URL (``s3://bucket/run``) or a ``Storage``;
+    ``step`` picks one step of a run. For each step, the manifest's self-checksum, every
+    file's size and checksum, every safetensors header and every tensor record are checked,
+    without building a tensor (no torch). A damaged step does not raise: its entry in
+    :attr:`VerifyReport.steps <statekeeper.checkpoint.verification.VerifyReport.steps>` has
+    ``ok`` False and an ``error`` naming the file and the fix, and ``report.ok`` is False.
+    ``progress(done, total)`` counts bytes over all the steps verified.
+
+    Raises ``InvalidArgumentError`` for a foreign checkpoint (it has no checksums: read it
+    with :func:`statekeeper.interop.inspection.inspect` or convert it) or a ``step`` that
+    contradicts a step directory, and ``StepNotFoundError`` when there is nothing to verify:
+    no such path or step, a file, or a run without committed steps.
+
+    >>> report = verify("runs/exp1")  # doctest: +SKIP
+    >>> report.ok, [(s.step, s.ok) for s in report.steps]  # doctest: +SKIP
+    (False, [(100, True), (200, False)])
+    >>> print(report.failed[0].error)  # doctest: +SKIP
+    runs/exp1/step_000000200/tensors-00000.safetensors: checksum mismatch ...
+    """
+    return verify_locations(verify_targets(target, step), progress)

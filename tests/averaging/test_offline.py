@@ -223,13 +223,21 @@ def test_existing_output_step_is_refused(tmp_path: Path) -> None:
     assert info.step == 31 and [i.step for i in sk.list_checkpoints(runs[2])] == [30, 31]
 
 
-def test_damaged_shard_is_reported_before_anything_is_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_damaged_shard_is_reported_before_anything_is_written(tmp_path: Path, damage: str) -> None:
+    """Shards are verified as every read verifies a step's files (checkpoint/verifier.py):
+    the same checks, the same messages."""
     runs = _runs(tmp_path)
     (shard,) = (runs[1] / "step_000000020").glob("*.safetensors")
     data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF
+    if damage == "flipped":
+        data[-1] ^= 0xFF
+        problem = r"checksum mismatch \(expected xxh3_128:[0-9a-f]{32}\)"
+    else:
+        problem = f"size is {len(data) - 1} bytes, the manifest says {len(data)}"
+        del data[-1]
     shard.write_bytes(bytes(data))
-    with pytest.raises(sk.CorruptCheckpointError, match="size or checksum mismatch") as info:
+    with pytest.raises(sk.CorruptCheckpointError, match=problem) as info:
         average_checkpoints(runs, tmp_path / "out")
     assert str(shard) in str(info.value)
     assert not (tmp_path / "out").exists()

@@ -24,10 +24,11 @@ import torch
 from statekeeper.averaging.shards import Shards, file_of
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import Location, locate, validate_step
-from statekeeper.checkpoint.reader import read_manifest
+from statekeeper.checkpoint.reader import alias_tensor, read_manifest
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, KeyMismatchError
-from statekeeper.format.aliases import Alias, rebuild_alias
+from statekeeper.format.aliases import Alias
+from statekeeper.format.dtypes import dtype_from_name
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.values import Json, decode_value
 from statekeeper.progress import Progress
@@ -223,9 +224,12 @@ def average_checkpoints(
     shards = [Shards(inp.location, inp.manifest) for inp in inputs]
     try:
         for done, name in enumerate(stored, 1):
-            dtype = getattr(torch, ref.sigs[name].dtype, None)
-            if not isinstance(dtype, torch.dtype):
-                raise CorruptCheckpointError(ref.location.path(MANIFEST), f"{name!r}: bad dtype")
+            try:
+                dtype = dtype_from_name(ref.sigs[name].dtype)
+            except ValueError:
+                raise CorruptCheckpointError(
+                    ref.location.path(MANIFEST), f"{name!r}: bad dtype"
+                ) from None
             if dtype.is_floating_point or dtype.is_complex:
                 averaged[name] = _average(name, dtype, shards, raw)
             else:  # integer and bool tensors (counters, masks) come from the newest input
@@ -237,10 +241,8 @@ def average_checkpoints(
             reader.close()
     for name, sig in ref.sigs.items():
         if sig.alias is not None:
-            try:
-                averaged[name] = rebuild_alias(averaged[sig.alias.base], sig.alias, name=name)
-            except ValueError as exc:
-                raise CorruptCheckpointError(ref.location.path(MANIFEST), str(exc)) from None
+            base = averaged[sig.alias.base]
+            averaged[name] = alias_tensor(ref.location, name, sig.alias, base)
     state = unflatten(ref.skeleton, averaged.__getitem__, key or "")
     result = state if key is None else {key: state}
     chosen = ref.manifest.step if step is None else step

@@ -123,10 +123,10 @@ def locate(directory: PathOrStorage, step: int | None) -> Location:
             raise InvalidArgumentError(f"{path} is a single step; do not pass step={step}")
         return Location(LocalStorage(path.parent), path.name, parsed.step if parsed else -1)
     storage = resolve_storage(directory)
-    if isinstance(storage, LocalStorage) and not storage.root.exists():
+    if storage.capabilities.directories and not storage.exists():
         raise StepNotFoundError(
-            f"{storage.root} does not exist: no run or step directory at that path (check the "
-            "path and the working directory)"
+            f"{storage.describe()} does not exist: no run or step directory at that path "
+            "(check the path and the working directory)"
         )
     steps = committed(storage)
     if step is None:

@@ -11,19 +11,25 @@ import torch
 from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.verifier import Progress, Verifier
-from statekeeper.checkpoint.verify import tensors_by_file
+from statekeeper.checkpoint.verify import check_records, file_header, tensors_by_file
 from statekeeper.errors import CorruptCheckpointError
-from statekeeper.format.aliases import rebuild_alias
+from statekeeper.format.aliases import Alias, rebuild_alias
 from statekeeper.format.checksum import Buffer
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_io import parse
-from statekeeper.format.sharding import assemble
-from statekeeper.format.tensors import SUPPORTED_DTYPES, dtype_name
+from statekeeper.format.sharding import ShardedRecord, assemble
 from statekeeper.state.tree import unflatten
 
-__all__ = ["PendingStep", "Progress", "VerifiedStep", "read_manifest", "read_step"]
-
-_DTYPE_NAMES = {dtype: dtype_name(dtype) for dtype in SUPPORTED_DTYPES}
+__all__ = [
+    "PendingStep",
+    "Progress",
+    "VerifiedStep",
+    "alias_tensor",
+    "file_tensors",
+    "read_manifest",
+    "read_step",
+    "sharded_tensor",
+]
 
 
 @dataclass(frozen=True)
@@ -35,26 +41,37 @@ class VerifiedStep:
     state: dict[str, Any]
 
 
-def _file_tensors(
+def file_tensors(
     location: Location, manifest: Manifest, file: str, data: Buffer, names: list[str]
 ) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` of the step's file ``file`` (held in ``data``, not necessarily
+    verified yet), after checking them against the manifest (dtype and shape)."""
+    header = file_header(location, file, data)
+    check_records(location, manifest, file, header, names)
+    loaded = parse(data, header)
+    return {name: loaded[name] for name in names}
+
+
+def alias_tensor(location: Location, name: str, alias: Alias, base: torch.Tensor) -> torch.Tensor:
+    """The alias ``name``, a view of its stored ``base``; a view that the base cannot hold
+    is damage, named in the manifest."""
     try:
-        loaded = parse(data)
+        return rebuild_alias(base, alias, name=name)
+    except ValueError as exc:
+        raise CorruptCheckpointError(location.path(MANIFEST), str(exc)) from None
+
+
+def sharded_tensor(
+    location: Location, name: str, record: ShardedRecord, chunk: Callable[[str], torch.Tensor]
+) -> torch.Tensor:
+    """The sharded tensor ``name`` assembled from its chunks (``chunk`` gives each stored
+    one); chunks that do not tile it are damage, named in the manifest."""
+    try:
+        return assemble(name, record, chunk)
     except ValueError as exc:
         raise CorruptCheckpointError(
-            location.path(file), f"not a valid safetensors file: {exc}"
+            location.path(MANIFEST), f"sharded tensor {name!r}: {exc}"
         ) from None
-    out: dict[str, torch.Tensor] = {}
-    for name in names:
-        rec = manifest.tensors[name]
-        t = loaded.get(name)
-        # torch.Size compares equal to a tuple; the dtype names are looked up, not formatted
-        if t is None or _DTYPE_NAMES.get(t.dtype) != rec.dtype or t.shape != rec.shape:
-            raise CorruptCheckpointError(
-                location.path(file), f"tensor {name!r} is missing or differs from the manifest"
-            )
-        out[name] = t
-    return out
 
 
 def _load_tensors(
@@ -65,25 +82,17 @@ def _load_tensors(
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(manifest.files):
         data = verifier.open(manifest, file)
-        tensors.update(_file_tensors(location, manifest, file, data, by_file.get(file, [])))
+        tensors.update(file_tensors(location, manifest, file, data, by_file.get(file, [])))
     for name, alias in manifest.aliases.items():
         base = tensors.get(alias.base)
         if base is None or name in tensors:
             raise CorruptCheckpointError(
                 location.path(MANIFEST), f"alias {name!r} has no stored base"
             )
-        try:
-            tensors[name] = rebuild_alias(base, alias, name=name)
-        except ValueError as exc:
-            raise CorruptCheckpointError(location.path(MANIFEST), str(exc)) from None
+        tensors[name] = alias_tensor(location, name, alias, base)
     if manifest.sharding is not None:  # a sharded step: each global tensor from its chunks
         for name, record in manifest.sharding.tensors.items():
-            try:
-                tensors[name] = assemble(name, record, _lookup(tensors))
-            except ValueError as exc:
-                raise CorruptCheckpointError(
-                    location.path(MANIFEST), f"sharded tensor {name!r}: {exc}"
-                ) from None
+            tensors[name] = sharded_tensor(location, name, record, _lookup(tensors))
     return tensors
 
 

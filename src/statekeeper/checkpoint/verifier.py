@@ -1,5 +1,17 @@
-"""Checksums of a step's files: checked on their own, or computed in a worker thread while
-the caller parses and decodes the same bytes (``Verifier``)."""
+"""Checksums of a step's files: the one place where they are verified.
+
+A file is verified against the manifest's size and checksum in one of three ways, all of
+which read it through :func:`open_file` (size checked before a byte is read) and raise the
+same errors:
+
+- :func:`read_verified`: one file, on its own;
+- :class:`Verifier`: computed in a worker thread while the caller parses and decodes the
+  same bytes (``read_step``, ``statekeeper verify``), then confirmed all at once;
+- :class:`VerifiedReads`: each file the first time a reader needs it (offline averaging
+  streams a step's shards, a rank of a distributed load reads only its chunks).
+
+Nothing read from a file reaches a live object before the file is verified.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +22,16 @@ from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.progress import Progress
-from statekeeper.storage.local import LocalStorage
 
-__all__ = ["THREAD_FROM", "Progress", "Verifier", "missing", "open_file", "read_verified"]
+__all__ = [
+    "THREAD_FROM",
+    "Progress",
+    "VerifiedReads",
+    "Verifier",
+    "missing",
+    "open_file",
+    "read_verified",
+]
 
 
 THREAD_FROM = 4 << 20  # smaller steps are hashed inline: a thread costs more than it saves
@@ -68,6 +87,34 @@ def read_verified(location: Location, manifest: Manifest, name: str) -> Buffer:
     return data
 
 
+class VerifiedReads:
+    """The files of one step, read when needed: each verified (:func:`read_verified`) the
+    first time it is read or :meth:`verify`-ed, afterwards only size-checked
+    (:func:`open_file`). :meth:`trust_all` records that every file was verified elsewhere
+    (by the other ranks of a distributed load, which agreed)."""
+
+    def __init__(self, location: Location, manifest: Manifest) -> None:
+        self._location = location
+        self._manifest = manifest
+        self._verified: set[str] = set()
+        self._all = False
+
+    def verify(self, name: str) -> Buffer:
+        """File ``name``'s bytes, checksummed now (whether or not it was before)."""
+        data = read_verified(self._location, self._manifest, name)
+        self._verified.add(name)
+        return data
+
+    def read(self, name: str) -> Buffer:
+        """File ``name``'s bytes, verified unless they were already."""
+        if self._all or name in self._verified:
+            return open_file(self._location, self._manifest, name)
+        return self.verify(name)
+
+    def trust_all(self) -> None:
+        self._all = True
+
+
 class Verifier:
     """Checksums computed in one worker thread while the caller decodes the same files.
 
@@ -91,7 +138,7 @@ class Verifier:
 
     def start_early(self) -> None:
         storage, entry = self._location.storage, self._location.entry
-        if not isinstance(storage, LocalStorage):  # elsewhere a read is a download: not blind
+        if not storage.capabilities.local_reads:  # elsewhere a read is a download: not blind
             return
         try:
             names = [n for n in storage.files(entry) if n.endswith(".safetensors")]

@@ -17,13 +17,14 @@ from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.verifier import Progress, Verifier
 from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.checksum import Buffer
 from statekeeper.format.dtypes import CODE_OF
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.safetensors_header import read_header
+from statekeeper.format.safetensors_header import Header, read_header
 from statekeeper.format.sharding import tiling_problem
 from statekeeper.format.values import decode_value
 
-__all__ = ["tensors_by_file", "verify_step"]
+__all__ = ["check_records", "file_header", "tensors_by_file", "verify_step"]
 
 
 def tensors_by_file(location: Location, manifest: Manifest) -> dict[str, list[str]]:
@@ -38,16 +39,24 @@ def tensors_by_file(location: Location, manifest: Manifest) -> dict[str, list[st
     return by_file
 
 
-def _check_file(location: Location, manifest: Manifest, file: str, data: memoryview,
-                names: list[str]) -> None:  # fmt: skip
+def file_header(location: Location, file: str, data: Buffer) -> Header:
+    """The checked header of the step's safetensors file ``file`` held in ``data``."""
     try:
-        header = read_header(data)
+        return read_header(memoryview(data))
     except ValueError as exc:
         raise CorruptCheckpointError(
             location.path(file), f"not a valid safetensors file: {exc}"
         ) from None
+
+
+def check_records(
+    location: Location, manifest: Manifest, file: str, header: Header, names: list[str]
+) -> None:
+    """Each tensor ``names`` lists is in ``header`` with the dtype and shape the manifest
+    records; the first that is not is a ``CorruptCheckpointError`` naming ``file``."""
+    entries, records = header.entries, manifest.tensors
     for name in names:
-        rec, entry = manifest.tensors[name], header.entries.get(name)
+        rec, entry = records[name], entries.get(name)
         if entry is None or entry.code != CODE_OF.get(rec.dtype) or tuple(entry.shape) != rec.shape:
             raise CorruptCheckpointError(
                 location.path(file), f"tensor {name!r} is missing or differs from the manifest"
@@ -109,7 +118,8 @@ def verify_step(location: Location, progress: Progress | None = None) -> Manifes
         verifier.check(manifest, progress)  # every checksum first: damage is named as such
         for file, data in opened.items():
             if file.endswith(".safetensors") or file in by_file:
-                _check_file(location, manifest, file, memoryview(data), by_file.get(file, []))
+                header = file_header(location, file, data)
+                check_records(location, manifest, file, header, by_file.get(file, []))
     finally:
         verifier.close()
     _check_structure(location, manifest)

@@ -33,8 +33,8 @@ from torch.futures import Future
 
 from statekeeper.checkpoint.writer import write_shard
 from statekeeper.errors import UnsupportedValueError
-from statekeeper.format.sharding import Chunk, ShardedRecord, dtype_from_name
-from statekeeper.format.tensors import dtype_name
+from statekeeper.format.dtypes import dtype_from_name, dtype_name
+from statekeeper.format.sharding import Chunk, ShardedRecord
 from statekeeper.storage.base import FileWriter
 
 __all__ = ["ChunkWriter", "ManifestReader", "Written", "chunk_name", "sharded_records"]

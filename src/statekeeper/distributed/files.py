@@ -2,7 +2,7 @@
 
 A rank loading a sharded step reads only the files that hold chunks it needs (and its own
 per-rank file); each is checked against the manifest's size and checksum before any of its
-tensors is used.
+tensors is used (:class:`~statekeeper.checkpoint.verifier.VerifiedReads`).
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 
 from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.reader import _file_tensors
-from statekeeper.checkpoint.verifier import read_verified
+from statekeeper.checkpoint.reader import alias_tensor, file_tensors, sharded_tensor
+from statekeeper.checkpoint.verifier import VerifiedReads
 from statekeeper.errors import CorruptCheckpointError
-from statekeeper.format.aliases import rebuild_alias
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.sharding import Chunk, ShardedRecord, assemble
+from statekeeper.format.sharding import Chunk, ShardedRecord
 
 __all__ = ["VerifiedFiles"]
 
@@ -25,47 +24,35 @@ class VerifiedFiles:
         self.location = location
         self.manifest = manifest
         self._files: dict[str, dict[str, torch.Tensor]] = {}
-        self._checked = False
+        self._reads = VerifiedReads(location, manifest)
 
     def verify_share(self, rank: int, world: int) -> None:
         """Verify (size, checksum) every ``world``-th file, starting at ``rank``. Once every rank
         has done its share, and all agreed, every file is known intact: :meth:`mark_checked`."""
         for i, name in enumerate(sorted(self.manifest.files)):
             if i % world == rank:
-                read_verified(self.location, self.manifest, name)
+                self._reads.verify(name)
 
     def mark_checked(self) -> None:
-        self._checked = True
+        self._reads.trust_all()
 
     def tensor(self, name: str) -> torch.Tensor:
         """A stored tensor (or a sharded one, assembled) by its manifest name."""
         sharding = self.manifest.sharding
         if sharding is not None and name in sharding.tensors:
-            try:
-                return assemble(name, sharding.tensors[name], self.tensor)
-            except ValueError as exc:
-                raise CorruptCheckpointError(
-                    self.location.path(MANIFEST), f"sharded tensor {name!r}: {exc}"
-                ) from None
+            return sharded_tensor(self.location, name, sharding.tensors[name], self.tensor)
         alias = self.manifest.aliases.get(name)
         if alias is not None:
-            try:
-                return rebuild_alias(self.tensor(alias.base), alias, name=name)
-            except ValueError as exc:
-                raise CorruptCheckpointError(self.location.path(MANIFEST), str(exc)) from None
+            return alias_tensor(self.location, name, alias, self.tensor(alias.base))
         record = self.manifest.tensors.get(name)
         if record is None or record.file not in self.manifest.files:
             raise CorruptCheckpointError(
                 self.location.path(MANIFEST), f"tensor {name!r} is not listed in a stored file"
             )
         if record.file not in self._files:
-            data = (
-                self.location.storage.read(self.location.entry, record.file)
-                if self._checked
-                else read_verified(self.location, self.manifest, record.file)
-            )
+            data = self._reads.read(record.file)
             names = [n for n, r in self.manifest.tensors.items() if r.file == record.file]
-            self._files[record.file] = _file_tensors(
+            self._files[record.file] = file_tensors(
                 self.location, self.manifest, record.file, data, names
             )
         return self._files[record.file][name]

@@ -8,6 +8,10 @@ Tensors are grouped by the storage they live in. A group of one is stored as its
   stored *base*: a member that covers the whole used span contiguously if there is one,
   else the span itself, stored under ``"<first member>~storage"``.
 
+Tied means the same view of the same memory: equal :func:`view_key`. This module is the one
+tie detector: statekeeper's own saves (:func:`plan_sharing`), the safetensors files that
+``convert`` and ``export`` write (:func:`tie_plan`) and ``diff``'s tied keys all use it.
+
 An alias is ``{"base": stored name, "offset": o, "shape": [...], "stride": [...]}`` in
 elements of the base, so ``torch.as_strided(base, shape, stride, offset)`` rebuilds it and
 the rebuilt tensors share memory again. Members of one storage with different dtypes are
@@ -20,8 +24,9 @@ self-overlapping view), but at most :data:`MAX_ALIAS_AMPLIFICATION` times as man
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +39,9 @@ __all__ = [
     "alias_problem",
     "plan_sharing",
     "rebuild_alias",
+    "storage_key",
+    "tie_plan",
+    "view_key",
 ]
 
 MAX_ALIAS_AMPLIFICATION = 64
@@ -97,17 +105,54 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
     return lo, lo + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+def storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+    """The memory ``t`` lives in (device and storage address); None for a tensor that has
+    none to share (no elements, or on the ``meta`` device)."""
     if t.numel() == 0 or t.device.type == "meta":
         return None
     return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def view_key(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """Equal for tensors that are tied: the same view (offset, shape, strides, dtype) of the
+    same memory; None for a tensor that has no memory to share (see :func:`storage_key`)."""
+    where = storage_key(t)
+    if where is None:
+        return None
+    return (*where, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def tie_plan(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors to store (tied ones once, under the first name) and ``alias -> stored name``.
+
+    Tied means the same view of the same memory (:func:`view_key`). Tensors that merely
+    overlap (a slice of another) are each stored with their own values: a plain safetensors
+    file has no views (statekeeper's own steps record them: :func:`plan_sharing`).
+    """
+    first: dict[tuple[Any, ...], str] = {}
+    stored: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, t in tensors.items():
+        key = view_key(t)
+        if key is not None and key in first:
+            aliases[name] = first[key]
+        else:
+            if key is not None:
+                first[key] = name
+            stored[name] = t
+    return stored, aliases
+
+
+def _tied(members: list[str], tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether ``members`` (of one storage and dtype) are all the same view."""
+    return len({view_key(tensors[m]) for m in members}) == 1
 
 
 def plan_sharing(tensors: dict[str, torch.Tensor]) -> SharingPlan:
     """Decide which tensors are written and which are re-created as views on load."""
     groups: dict[tuple[str, int], list[str]] = {}
     for name, t in tensors.items():
-        key = _storage_key(t)
+        key = storage_key(t)
         if key is not None:
             groups.setdefault(key, []).append(name)
     leader: dict[str, list[str]] = {}
@@ -137,10 +182,7 @@ def _bounded(members: list[str], tensors: dict[str, torch.Tensor]) -> list[str]:
     """The members that can alias their group's base within MAX_ALIAS_AMPLIFICATION (the
     base is the span of storage the members use, as :func:`_plan_group` chooses it)."""
     while len(members) > 1:
-        views = {
-            (tensors[m].storage_offset(), tensors[m].shape, tensors[m].stride()) for m in members
-        }
-        if len(views) == 1:  # tied: each alias is its base's size
+        if _tied(members, tensors):  # each alias is its base's size
             return members
         spans = [_extent(tensors[m]) for m in members]
         size = max(s[1] for s in spans) - min(s[0] for s in spans)
@@ -160,11 +202,7 @@ def _plan_group(
     import torch
 
     first = tensors[members[0]]
-    views = {
-        (tensors[m].storage_offset(), tuple(tensors[m].shape), tuple(tensors[m].stride()))
-        for m in members
-    }
-    if len(views) == 1:  # tied: the same view several times
+    if _tied(members, tensors):  # the same view several times
         stored[members[0]] = first
         shape = tuple(first.shape)
         for m in members[1:]:

@@ -5,8 +5,12 @@ prefix against the file and :data:`~statekeeper.format.jsondoc.MAX_HEADER_BYTES`
 (bounded nesting), every entry's dtype code, shape (non-negative ints whose sizes can exist)
 and data offsets (inside the data, exactly as long as shape and dtype say), and that the
 tensors' data tile the data section (no overlap, no gap, nothing trailing).
-:func:`statekeeper.format.safetensors_io.parse` builds tensors from what it returns;
-``statekeeper verify`` compares it with the manifest without building any.
+
+It is the one safetensors reader: :func:`statekeeper.format.safetensors_io.parse` builds
+tensors from what it returns (for statekeeper's own steps and, through
+:mod:`statekeeper.interop.safetensors_files`, for foreign files, which add only their own
+limits and the ``__metadata__`` they carry); ``statekeeper verify`` compares it with the
+manifest without building any.
 """
 
 from __future__ import annotations
@@ -15,12 +19,11 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from statekeeper.format.dtypes import CODE_OF, ITEMSIZE
+from statekeeper.format.dtypes import SIZE_OF_CODE
 from statekeeper.format.jsondoc import MAX_HEADER_BYTES, parse_json
 
 __all__ = ["Entry", "Header", "read_header"]
 
-_SIZE_OF_CODE = {code: ITEMSIZE[name] for name, code in CODE_OF.items()}
 _MAX_ELEMENTS = 1 << 62  # torch sizes are int64; no real tensor comes near
 
 
@@ -37,14 +40,18 @@ class Entry(NamedTuple):
 
 @dataclass(frozen=True)
 class Header:
+    """The tensors' records, where the data begins, and the ``__metadata__`` value as found
+    (None when absent; statekeeper's own files have none, foreign readers check it)."""
+
     entries: dict[str, Entry]
     start: int  # where the data section begins in the file
+    metadata: object = None
 
 
 def _entry(name: str, info: object, end_of_data: int) -> Entry:
     try:
         code = info["dtype"]  # type: ignore[index]
-        itemsize = _SIZE_OF_CODE[code]
+        itemsize = SIZE_OF_CODE[code]
         shape = info["shape"]  # type: ignore[index]
         begin, end = info["data_offsets"]  # type: ignore[index]
     except (KeyError, TypeError, ValueError):
@@ -75,14 +82,14 @@ def read_header(buf: memoryview) -> Header:
     if n > len(buf) - 8:
         raise ValueError(f"header length {n} runs past the end of the file")
     if n > MAX_HEADER_BYTES:
-        raise ValueError(f"header length {n} is over the {MAX_HEADER_BYTES}-byte limit")
+        raise ValueError(f"header length {n} is larger than the {MAX_HEADER_BYTES} bytes allowed")
     try:
         header = parse_json(bytes(buf[8 : 8 + n]))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"header is not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
-    header.pop("__metadata__", None)
+    metadata = header.pop("__metadata__", None)
     end_of_data = len(buf) - 8 - n
     entries = {name: _entry(name, info, end_of_data) for name, info in header.items()}
     position = 0
@@ -92,4 +99,4 @@ def read_header(buf: memoryview) -> Header:
         position = end
     if position != end_of_data:
         raise ValueError("trailing bytes after the tensor data")
-    return Header(entries, 8 + n)
+    return Header(entries, 8 + n, metadata)

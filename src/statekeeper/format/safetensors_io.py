@@ -12,8 +12,8 @@ files):
 - the data: tensors ordered by dtype (widest alignment first, in the reference's dtype
   order), then by name, each as its raw little-endian bytes.
 
-Reading parses the header strictly and returns tensors that are zero-copy views of the
-file's buffer.
+Reading parses the header strictly (:func:`~statekeeper.format.safetensors_header.read_header`,
+the one header reader) and returns tensors that are zero-copy views of the file's buffer.
 """
 
 from __future__ import annotations
@@ -28,25 +28,12 @@ from json.encoder import encode_basestring
 
 import torch
 
-from statekeeper.format.safetensors_header import read_header
+from statekeeper.format.dtypes import CODE_RANK
+from statekeeper.format.safetensors_header import Header, read_header
+from statekeeper.format.torch_dtypes import DTYPE_CODES, DTYPE_OF_CODE
 
 __all__ = ["DTYPE_CODES", "ShardLayout", "layout", "parse", "stream"]
 
-# the reference implementation's dtype order, widest first (the order of its data section)
-_ORDER = (
-    "U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16",
-    "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E4M3", "F8_E5M2", "I8", "U8", "BOOL",
-)  # fmt: skip
-DTYPE_CODES: dict[torch.dtype, str] = {
-    torch.uint64: "U64", torch.int64: "I64", torch.float64: "F64", torch.complex64: "C64",
-    torch.float32: "F32", torch.uint32: "U32", torch.int32: "I32", torch.bfloat16: "BF16",
-    torch.float16: "F16", torch.uint16: "U16", torch.int16: "I16",
-    torch.float8_e5m2fnuz: "F8_E5M2FNUZ", torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}  # fmt: skip
-_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
-_RANK = {code: i for i, code in enumerate(_ORDER)}
 _DIRECT = 1 << 20  # tensors this large are written from their own memory, not staged
 STAGING = 8 << 20  # small tensors are coalesced into writes of this size
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -61,13 +48,9 @@ class ShardLayout:
     size: int
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> ShardLayout:
     """Where every tensor goes in the file, and the header that says so."""
-    order = sorted(tensors, key=lambda n: (_RANK[DTYPE_CODES[tensors[n].dtype]], n.encode()))
+    order = sorted(tensors, key=lambda n: (CODE_RANK[DTYPE_CODES[tensors[n].dtype]], n.encode()))
     if metadata:
         return _layout_with_metadata(tensors, order, metadata)
     # each entry formatted as json.dumps(..., ensure_ascii=False, separators=(",", ":")) would
@@ -94,7 +77,7 @@ def _layout_with_metadata(
     offset = 0
     for name in order:
         t = tensors[name]
-        end = offset + _nbytes(t)
+        end = offset + t.nbytes
         entries[name] = {
             "dtype": DTYPE_CODES[t.dtype],
             "shape": list(t.shape),
@@ -158,20 +141,24 @@ def stream(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> Iterator[mem
         yield view[:fill]
 
 
-def parse(data: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, torch.Tensor]:
+def parse(
+    data: bytes | bytearray | memoryview | mmap.mmap, header: Header | None = None
+) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file held in ``data`` (views when ``data`` is writable).
 
     Raises ``ValueError`` on anything that is not a well-formed file (the header is checked
-    whole by :func:`~statekeeper.format.safetensors_header.read_header` first).
+    whole by :func:`~statekeeper.format.safetensors_header.read_header` first, unless the
+    caller passes the ``header`` it already read from ``data``).
     """
     buf = memoryview(data)
-    header = read_header(buf)
+    if header is None:
+        header = read_header(buf)
     start = header.start
     out: dict[str, torch.Tensor] = {}
     writable = not buf.readonly
     frombuffer = torch.frombuffer
     for name, e in header.entries.items():
-        dtype = _DTYPES[e.code]
+        dtype = DTYPE_OF_CODE[e.code]
         if e.numel == 0:
             out[name] = torch.empty(e.shape, dtype=dtype, device="cpu")
         elif writable:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from statekeeper.format.dtypes import dtype_from_name
 from statekeeper.format.values import Json
 
 if TYPE_CHECKING:
@@ -34,16 +35,6 @@ __all__ = [
     "dtype_from_name",
     "tiling_problem",
 ]
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """``"bfloat16"`` -> ``torch.bfloat16``; ``ValueError`` for anything else."""
-    import torch
-
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
 
 
 @dataclass(frozen=True)

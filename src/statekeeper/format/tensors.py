@@ -14,14 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from statekeeper.format.safetensors_io import DTYPE_CODES
+from statekeeper.format.dtypes import dtype_name
+from statekeeper.format.torch_dtypes import SUPPORTED_DTYPES
 
 __all__ = ["SUPPORTED_DTYPES", "Shard", "dtype_name", "plan_shards"]
 
 DEFAULT_SHARD_BYTES = 1 << 30
-
-SUPPORTED_DTYPES: frozenset[torch.dtype] = frozenset(DTYPE_CODES)
-"""Dtypes that safetensors can both write and read back."""
 
 
 @dataclass(frozen=True)
@@ -30,11 +28,6 @@ class Shard:
 
     file: str
     names: tuple[str, ...]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
 
 
 def plan_shards(

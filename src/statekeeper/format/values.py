@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from statekeeper.errors import UnsupportedValueError
+from statekeeper.format.dtypes import dtype_from_name, dtype_name
 from statekeeper.format.jsondoc import MAX_DEPTH
 
 if TYPE_CHECKING:
@@ -72,12 +73,10 @@ def join_path(path: str, key: object) -> str:
 
 
 def _dtype_by_name(name: str, path: str) -> torch.dtype:
-    import torch
-
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{path}: unknown torch dtype {name!r}")
-    return dtype
+    try:
+        return dtype_from_name(name)
+    except ValueError:
+        raise ValueError(f"{path}: unknown torch dtype {name!r}") from None
 
 
 _np: Any = None
@@ -152,7 +151,7 @@ def encode_value(value: object, path: str, on_tensor: TensorHook, depth: int = 0
     if isinstance(value, bytes | bytearray):
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, torch.dtype):
-        return {"$dtype": str(value).removeprefix("torch.")}
+        return {"$dtype": dtype_name(value)}
     if isinstance(value, torch.device):
         return {"$device": str(value)}
     if isinstance(value, complex):

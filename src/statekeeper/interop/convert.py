@@ -11,9 +11,10 @@ import numpy as np
 import torch
 
 from statekeeper.errors import InvalidArgumentError, StepExistsError
+from statekeeper.format.aliases import tie_plan
 from statekeeper.interop.detect import foreign_format
-from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
-from statekeeper.interop.tree import flat_leaves, select
+from statekeeper.interop.safetensors_write import write_safetensors
+from statekeeper.interop.tree import flat_leaves, select, split_tensors
 from statekeeper.progress import Progress
 
 __all__ = ["ConvertResult", "convert", "entries_for_save"]
@@ -95,15 +96,8 @@ def convert(
     state = read(src, progress=progress)
     if to_file:
         tree = select(state, key, str(src)) if key is not None else state
-        tensors: dict[str, torch.Tensor] = {}
-        dropped: list[str] = []
-        for name, value in flat_leaves(tree).items():
-            if isinstance(value, torch.Tensor):
-                tensors[name] = value.detach()
-            elif isinstance(value, np.ndarray) and value.dtype != object:
-                tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
-            else:
-                dropped.append(name)
+        tensors, others = split_tensors(flat_leaves(tree))
+        dropped = list(others)
         stored, aliases = tie_plan(tensors)
         size = write_safetensors(
             dst, stored, aliases=aliases, metadata={"format": "pt"}, progress=write_progress

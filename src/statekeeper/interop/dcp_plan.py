@@ -28,12 +28,11 @@ import torch
 from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
 from statekeeper.format.jsondoc import MAX_DEPTH
 from statekeeper.format.sharding import tiling_problem
-from statekeeper.interop.foreign_files import member, size_of
+from statekeeper.interop.foreign_files import MAX_DIMS, member, size_of
 
 __all__ = ["METADATA", "BytesEntry", "Chunk", "DcpPlan", "Item", "TensorEntry", "plan_dcp"]
 
 METADATA = ".metadata"
-MAX_DIMS = 64
 Key = str | int
 
 

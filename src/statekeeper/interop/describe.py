@@ -6,15 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
+from statekeeper.format.aliases import tie_plan
+from statekeeper.format.dtypes import dtype_name
 from statekeeper.interop.accelerate import accelerate_files
 from statekeeper.interop.detect import Format
 from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.reading import read_foreign
-from statekeeper.interop.safetensors_files import hf_files, tie_plan, weight_map
-from statekeeper.interop.tree import flat_leaves
+from statekeeper.interop.safetensors_files import hf_files, weight_map
+from statekeeper.interop.tree import flat_leaves, split_tensors
 
 __all__ = ["Description", "FileRow", "TensorInfo", "ValueInfo", "describe", "list_files"]
 
@@ -108,19 +107,11 @@ def _summary(value: Any) -> str:
 def describe(path: str, fmt: Format) -> Description:
     """Files, tensors (name, shape, dtype, bytes, tied aliases) and plain values."""
     state = read_foreign(path, fmt)
-    leaves = flat_leaves(state)
-    tensors: dict[str, torch.Tensor] = {}
-    values: list[ValueInfo] = []
-    for key, value in leaves.items():
-        if isinstance(value, torch.Tensor):
-            tensors[key] = value
-        elif isinstance(value, np.ndarray) and value.dtype != object:
-            tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
-        else:
-            values.append(ValueInfo(key, type(value).__name__, _summary(value)))
+    tensors, others = split_tensors(flat_leaves(state))
+    values = [ValueInfo(key, type(v).__name__, _summary(v)) for key, v in others.items()]
     _, aliases = tie_plan(tensors)
     rows = [
-        TensorInfo(key, list(t.shape), str(t.dtype).removeprefix("torch."),
+        TensorInfo(key, list(t.shape), dtype_name(t.dtype),
                    0 if key in aliases else t.numel() * t.element_size(), aliases.get(key))
         for key, t in tensors.items()
     ]  # fmt: skip

@@ -8,12 +8,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.format.dtypes import dtype_name
 from statekeeper.interop.tied import TiedKeys, drop_tied
-from statekeeper.interop.tree import WRAPPER_PREFIXES, flat_leaves, select, strip_prefixes
+from statekeeper.interop.tree import (
+    WRAPPER_PREFIXES,
+    as_tensor,
+    flat_leaves,
+    select,
+    strip_prefixes,
+)
 from statekeeper.progress import Progress
 
 __all__ = ["WRAPPER_PREFIXES", "Change", "DiffResult", "TensorDiff", "compare_states", "diff"]
@@ -74,18 +80,6 @@ class DiffResult:
         return data
 
 
-def _as_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value.detach() if value.requires_grad else value
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        return torch.from_numpy(np.ascontiguousarray(value))
-    return None
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def _view(t: torch.Tensor) -> tuple[Any, ...]:
     """What decides a tensor's elements: its address, shape, strides, dtype and the lazy
     conjugate and negative bits (views that share memory but not values)."""
@@ -118,7 +112,7 @@ def _compare(
     """``same``: ``a`` and ``b`` are known to be the same view of the same memory."""
     shape = tuple(a.shape)
     if a.dtype == b.dtype and (same or _identical(*_unrepeated(a, b))):
-        return TensorDiff(key, shape, _dtype(a), _dtype(b), 0.0, 0.0, True)
+        return TensorDiff(key, shape, dtype_name(a.dtype), dtype_name(b.dtype), 0.0, 0.0, True)
     a, b = _unrepeated(a, b)
     fa, fb = a.reshape(-1), b.reshape(-1)
     wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
@@ -139,7 +133,7 @@ def _compare(
             within = within and bool(((delta <= tolerance) | both_nan).all())
     exact = atol == 0 and rtol == 0
     equal = within and (not exact or max_abs == 0)
-    return TensorDiff(key, shape, _dtype(a), _dtype(b), max_abs, max_rel, equal)
+    return TensorDiff(key, shape, dtype_name(a.dtype), dtype_name(b.dtype), max_abs, max_rel, equal)
 
 
 def _same_value(x: Any, y: Any) -> bool:
@@ -167,7 +161,7 @@ def compare_states(
     seen: dict[tuple[Any, ...], TensorDiff] = {}  # tied tensors (same views on both sides): once
     for n, key in enumerate(common):
         x, y = fa[key], fb[key]
-        tx, ty = _as_tensor(x), _as_tensor(y)
+        tx, ty = as_tensor(x), as_tensor(y)
         if (tx is None) != (ty is None):
             changed.append(Change(key, "type", type(x).__name__, type(y).__name__))
         elif tx is not None and ty is not None:
@@ -175,7 +169,7 @@ def compare_states(
                 changed.append(Change(key, "shape", str(tuple(tx.shape)), str(tuple(ty.shape))))
                 continue
             if tx.dtype != ty.dtype:
-                changed.append(Change(key, "dtype", _dtype(tx), _dtype(ty)))
+                changed.append(Change(key, "dtype", dtype_name(tx.dtype), dtype_name(ty.dtype)))
             # torch tensors live in the states all along, so their addresses name them (a
             # numpy array may be a temporary copy): tied entries are compared once
             held = isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)

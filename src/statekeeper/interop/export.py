@@ -19,9 +19,11 @@ import numpy as np
 import torch
 
 from statekeeper.errors import InvalidArgumentError, StepExistsError
+from statekeeper.format.aliases import tie_plan
+from statekeeper.format.dtypes import dtype_name
 from statekeeper.interop.lightning import WEIGHTS_KEY, is_lightning
-from statekeeper.interop.safetensors_files import tie_plan, write_safetensors
-from statekeeper.interop.tree import flat_leaves, select, strip_prefixes
+from statekeeper.interop.safetensors_write import write_safetensors
+from statekeeper.interop.tree import flat_leaves, select, split_tensors, strip_prefixes
 from statekeeper.progress import Progress
 
 __all__ = ["DTYPES", "ExportResult", "export", "parse_dtype", "weights_of"]
@@ -123,16 +125,8 @@ def export(
     state = read(src) if isinstance(src, str | Path) else dict(src)
     cast = parse_dtype(dtype)
     tree, used = weights_of(state, key, where)
-    flat = strip_prefixes(flat_leaves(tree), tuple(strip))
-    tensors: dict[str, torch.Tensor] = {}
-    dropped: list[str] = []
-    for name, value in flat.items():
-        if isinstance(value, np.ndarray) and value.dtype != object:
-            tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
-        elif isinstance(value, torch.Tensor):
-            tensors[name] = value.detach()
-        else:
-            dropped.append(name)
+    tensors, others = split_tensors(strip_prefixes(flat_leaves(tree), tuple(strip)))
+    dropped = list(others)
     if not tensors:
         raise InvalidArgumentError(f"{where}: the sub-tree {used!r} holds no tensors to export")
     stored, aliases = tie_plan(tensors)
@@ -142,5 +136,5 @@ def export(
                              progress=progress)  # fmt: skip
     return ExportResult(
         str(out), used, len(tensors), len(stored), aliases, size,
-        None if cast is None else str(cast).removeprefix("torch."), tuple(dropped),
+        None if cast is None else dtype_name(cast), tuple(dropped),
     )  # fmt: skip

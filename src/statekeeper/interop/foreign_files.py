@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from statekeeper.format.jsondoc import parse_json
 from statekeeper.storage.files import check_name, open_regular, regular_size
 
 __all__ = [
+    "MAX_DIMS",
     "ZIP_MAGIC",
     "confined",
     "is_torch_file",
@@ -35,37 +37,34 @@ __all__ = [
     "size_of",
 ]
 
+MAX_DIMS = 64
+"""Most dimensions a tensor of a foreign checkpoint (safetensors, DCP) may claim."""
 ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_MAGIC = b"\x80"  # PROTO: the legacy torch.save format starts with a pickle
 
 
-def _missing(path: Path, listed_in: str | None, exc: OSError) -> Exception:
-    if exc.errno == errno.ELOOP:
-        return CorruptCheckpointError(str(path), "is a loop of symbolic links")
-    if listed_in is not None and exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return CorruptCheckpointError(str(path), f"listed in {listed_in} but missing")
-    return exc
+def _regular(call: Callable[..., int], path: Path, listed_in: str | None) -> int:
+    """``call(path, follow=True)`` (open or size a regular file), with a link loop, and a
+    missing file that ``listed_in`` names, turned into ``CorruptCheckpointError``."""
+    try:
+        return call(path, follow=True)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptCheckpointError(str(path), "is a loop of symbolic links") from None
+        if listed_in is not None and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise CorruptCheckpointError(str(path), f"listed in {listed_in} but missing") from None
+        raise
 
 
 def open_file(path: Path, listed_in: str | None = None) -> int:
     """A descriptor of the regular file ``path`` (links followed); ``CorruptCheckpointError``
     when it is anything else, or when it is missing although ``listed_in`` names it."""
-    try:
-        return open_regular(path, follow=True)
-    except CorruptCheckpointError:
-        raise
-    except OSError as exc:
-        raise _missing(path, listed_in, exc) from None
+    return _regular(open_regular, path, listed_in)
 
 
 def size_of(path: Path, listed_in: str | None = None) -> int:
     """The size of the regular file ``path``, with the refusals of :func:`open_file`."""
-    try:
-        return regular_size(path, follow=True)
-    except CorruptCheckpointError:
-        raise
-    except OSError as exc:
-        raise _missing(path, listed_in, exc) from None
+    return _regular(regular_size, path, listed_in)
 
 
 def _hub_blobs(folder: Path) -> Path | None:

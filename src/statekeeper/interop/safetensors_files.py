@@ -1,21 +1,22 @@
 """Safetensors files and Hugging Face folders, read zero-copy and defensively.
 
 Files are opened through :mod:`statekeeper.interop.foreign_files` (regular files only,
-links followed, names from an index confined to its folder); the header's length is checked
-against :data:`~statekeeper.format.jsondoc.MAX_HEADER_BYTES` and the file's size before it
-is read, an index against :data:`~statekeeper.format.jsondoc.MAX_INDEX_BYTES`, and every
-JSON document goes through :func:`~statekeeper.format.jsondoc.parse_json`. Aliases written
-by :mod:`statekeeper.interop.safetensors_write` (tied weights stored once) are expanded
-again, to the very same tensor object, so ``module.load_state_dict(statekeeper.read(path))``
+links followed, names from an index confined to its folder), mapped copy-on-write and read
+by the core's one safetensors reader (:func:`~statekeeper.format.safetensors_header.read_header`:
+the header's length against the file and
+:data:`~statekeeper.format.jsondoc.MAX_HEADER_BYTES`, bounded JSON, every entry's dtype,
+shape and data offsets). What is particular to foreign files is added here: at most
+:data:`MAX_DIMS` dimensions, a ``__metadata__`` that is a map of strings, an index against
+:data:`~statekeeper.format.jsondoc.MAX_INDEX_BYTES`. Aliases written by
+:mod:`statekeeper.interop.safetensors_write` (tied weights stored once) are expanded again,
+to the very same tensor object, so ``module.load_state_dict(statekeeper.read(path))``
 works. Writing lives in :mod:`statekeeper.interop.safetensors_write` (re-exported here).
 """
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ from typing import Any
 import torch
 
 from statekeeper.errors import CorruptCheckpointError
-from statekeeper.format.jsondoc import MAX_HEADER_BYTES, MAX_INDEX_BYTES, parse_json
+from statekeeper.format.jsondoc import MAX_INDEX_BYTES, parse_json
+from statekeeper.format.safetensors_header import Header, read_header
 from statekeeper.format.safetensors_io import parse
-from statekeeper.interop.foreign_files import member, open_file, read_json, size_of
+from statekeeper.interop.foreign_files import MAX_DIMS, member, open_file, read_json, size_of
 from statekeeper.interop.pickled import load_torch_file
 from statekeeper.interop.safetensors_write import ALIASES_KEY, tie_plan, write_safetensors
 from statekeeper.progress import Progress
@@ -33,6 +35,7 @@ from statekeeper.storage.files import check_name
 
 __all__ = [
     "ALIASES_KEY",
+    "MAX_DIMS",
     "WEIGHT_FILES",
     "hf_files",
     "read_hf",
@@ -46,61 +49,40 @@ __all__ = [
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-MAX_DIMS = 64
-"""Most dimensions a tensor of a foreign safetensors file may have."""
+_INVALID = "not a valid safetensors file"
 
 
-def read_metadata(path: Path) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file (empty when it has none)."""
-    fd = open_file(Path(path))
+def _mapped(path: Path, listed_in: str | None) -> tuple[mmap.mmap | bytes, Header, dict[str, str]]:
+    """The file mapped copy-on-write, its checked header and its ``__metadata__``."""
+    fd = open_file(path, listed_in)
     try:
-        return _metadata(Path(path), _header(Path(path), fd, os.fstat(fd).st_size))
+        size = os.fstat(fd).st_size
+        data = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else b""
     finally:
         os.close(fd)
-
-
-def _header(path: Path, fd: int, size: int) -> dict[str, Any]:
-    """The JSON header of the safetensors file open as ``fd``, its length checked against
-    :data:`MAX_HEADER_BYTES` and the file's size before it is read."""
-    head = os.pread(fd, 8, 0)
-    if len(head) < 8:
-        raise CorruptCheckpointError(str(path), "shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", head)
-    if n > MAX_HEADER_BYTES:
-        raise CorruptCheckpointError(
-            str(path), f"header length {n} is larger than the {MAX_HEADER_BYTES} bytes allowed"
-        )
-    if n > size - 8:
-        raise CorruptCheckpointError(str(path), "header length runs past the end of file")
     try:
-        header = parse_json(os.pread(fd, n, 8))
+        header = read_header(memoryview(data))
     except ValueError as exc:
-        raise CorruptCheckpointError(str(path), f"header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise CorruptCheckpointError(str(path), "header is not a JSON object")
-    for name, info in header.items():
-        shape = info.get("shape") if isinstance(info, dict) and name != "__metadata__" else []
-        if (
-            not isinstance(shape, list)
-            or len(shape) > MAX_DIMS
-            or any(type(d) is not int or not 0 <= d < 1 << 63 for d in shape)
-        ):
-            raise CorruptCheckpointError(str(path), f"tensor {name!r} has an invalid shape")
-        if 0 not in shape and math.prod(shape) > size:
+        raise CorruptCheckpointError(str(path), f"{_INVALID}: {exc}") from None
+    for name, entry in header.entries.items():
+        if len(entry.shape) > MAX_DIMS:
             raise CorruptCheckpointError(
-                str(path),
-                f"tensor {name!r} of shape {shape} needs more than the file's {size} bytes",
+                str(path), f"tensor {name!r} has an invalid shape (more than {MAX_DIMS} sizes)"
             )
-    return header
+    return data, header, _metadata(path, header.metadata)
 
 
-def _metadata(path: Path, header: dict[str, Any]) -> dict[str, str]:
-    meta = header.get("__metadata__", {})
+def _metadata(path: Path, meta: object) -> dict[str, str]:
     if meta is None:
         return {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise CorruptCheckpointError(str(path), "__metadata__ is not a map of strings")
     return meta
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file (empty when it has none)."""
+    return _mapped(Path(path), None)[2]
 
 
 def read_safetensors(path: str | Path, listed_in: str | None = None) -> dict[str, torch.Tensor]:
@@ -109,17 +91,11 @@ def read_safetensors(path: str | Path, listed_in: str | None = None) -> dict[str
     ``listed_in`` names the index that lists the file (a missing file is then corrupt).
     """
     p = Path(path)
-    fd = open_file(p, listed_in)
+    data, header, meta = _mapped(p, listed_in)
     try:
-        size = os.fstat(fd).st_size
-        meta = _metadata(p, _header(p, fd, size))
-        data = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-    finally:
-        os.close(fd)
-    try:
-        tensors = parse(data)
+        tensors = parse(data, header)
     except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
-        raise CorruptCheckpointError(str(p), f"not a valid safetensors file: {exc}") from None
+        raise CorruptCheckpointError(str(p), f"{_INVALID}: {exc}") from None
     if ALIASES_KEY in meta:
         _expand_aliases(p, tensors, meta[ALIASES_KEY])
     return tensors

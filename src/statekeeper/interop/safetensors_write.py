@@ -1,57 +1,32 @@
 """Writing safetensors files for ``convert`` and ``export``: tied tensors stored once.
 
-Tensors that share memory as the same view (tied weights) are stored once; every other
-name is recorded in the header's ``__metadata__`` as ``"aliases": '{"alias": "stored"}'``
-(a JSON string, as metadata values must be strings), which
-:func:`statekeeper.interop.safetensors_files.read_safetensors` expands again.
+Tensors that share memory as the same view (tied weights, found by
+:func:`statekeeper.format.aliases.tie_plan`) are stored once; every other name is recorded
+in the header's ``__metadata__`` as ``"aliases": '{"alias": "stored"}'`` (a JSON string, as
+metadata values must be strings), which
+:func:`statekeeper.interop.safetensors_files.read_safetensors` expands again. The file is
+streamed by :mod:`statekeeper.format.safetensors_io` and written atomically by the storage
+layer (:func:`statekeeper.storage.local.write_file`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from statekeeper.errors import UnsupportedValueError
-from statekeeper.format.safetensors_io import DTYPE_CODES, layout, stream
+from statekeeper.format.aliases import tie_plan
+from statekeeper.format.safetensors_io import layout, stream
+from statekeeper.format.torch_dtypes import SUPPORTED_DTYPES
 from statekeeper.progress import Progress
+from statekeeper.storage.local import write_file
 
 __all__ = ["ALIASES_KEY", "tie_plan", "write_safetensors"]
 
 ALIASES_KEY = "aliases"
-
-
-def _view_key(t: torch.Tensor) -> tuple[Any, ...] | None:
-    if t.numel() == 0 or t.device.type == "meta":
-        return None
-    storage = t.untyped_storage().data_ptr()
-    return (str(t.device), storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-
-
-def tie_plan(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors to store (tied ones once, under the first name) and ``alias -> stored name``.
-
-    Tied means the same view of the same memory (same storage, offset, shape, strides and
-    dtype). Tensors that merely overlap (a slice of another) are each stored with their own
-    values: safetensors has no views.
-    """
-    first: dict[tuple[Any, ...], str] = {}
-    stored: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    for name, t in tensors.items():
-        key = _view_key(t)
-        if key is not None and key in first:
-            aliases[name] = first[key]
-        else:
-            if key is not None:
-                first[key] = name
-            stored[name] = t
-    return stored, aliases
 
 
 def _counted(
@@ -76,11 +51,11 @@ def write_safetensors(
     """Stream ``stored`` into one safetensors file, atomically (temp file, fsync, rename).
 
     ``aliases`` (see :func:`tie_plan`) go into the metadata under ``"aliases"``. Returns the
-    file's size. Raises ``UnsupportedValueError`` for a dtype safetensors cannot hold.
+    file's size. Raises ``UnsupportedValueError`` for a dtype safetensors cannot hold, and
+    ``StorageError`` when the file cannot be written (``path`` is then left as it was).
     """
-    p = Path(path)
     for name, t in stored.items():
-        if t.dtype not in DTYPE_CODES:
+        if t.dtype not in SUPPORTED_DTYPES:
             raise UnsupportedValueError(name, t, f"tensors of dtype {t.dtype}")
     for alias, base in (aliases or {}).items():
         if base not in stored or alias in stored:
@@ -90,21 +65,5 @@ def write_safetensors(
         meta[ALIASES_KEY] = json.dumps(dict(aliases), sort_keys=True)
     tensors = dict(stored)
     plan = layout(tensors, meta)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for chunk in _counted(stream(tensors, plan), plan.size, progress):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(p.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_file(path, _counted(stream(tensors, plan), plan.size, progress))
     return plan.size

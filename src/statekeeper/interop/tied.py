@@ -5,8 +5,9 @@ Hugging Face folders (``save_pretrained``) and safetensors files written by
 no ``lm_head.weight``, while ``torch.save(model.state_dict())`` of the same model holds both,
 sharing memory. Compared naively, the folder "differs" by one missing key. With ties
 matched, a key present on one side only, whose tensor there is the very same view as a key
-both sides hold (same memory, shape, strides and dtype), counts as omitted because tied: it
-is left out of the comparison (its twin is compared) and named in a note.
+both sides hold (same memory, shape, strides and dtype: tied as
+:func:`statekeeper.format.aliases.view_key` says), counts as omitted because tied: it is
+left out of the comparison (its twin is compared) and named in a note.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from enum import StrEnum
 from typing import Any
 
 import torch
+
+from statekeeper.format.aliases import view_key
 
 __all__ = ["TiedKeys", "drop_tied"]
 
@@ -34,23 +37,22 @@ class TiedKeys(StrEnum):
     STRICT = "strict"
 
 
-def _view(t: torch.Tensor) -> tuple[Any, ...]:
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
-            t.dtype)  # fmt: skip
+def _view(value: Any) -> tuple[Any, ...] | None:
+    return view_key(value) if isinstance(value, torch.Tensor) else None
 
 
 def _twins(flat: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, str]:
     """Keys of ``flat`` that ``other`` lacks, mapped to a key both hold with the same view."""
     shared: dict[tuple[Any, ...], str] = {}
     for key, value in flat.items():
-        if key in other and isinstance(value, torch.Tensor) and value.device.type != "meta":
-            shared.setdefault(_view(value), key)
+        view = _view(value) if key in other else None
+        if view is not None:
+            shared.setdefault(view, key)
     found = {}
     for key, value in flat.items():
-        if key not in other and isinstance(value, torch.Tensor) and value.device.type != "meta":
-            twin = shared.get(_view(value))
-            if twin is not None:
-                found[key] = twin
+        view = _view(value) if key not in other else None
+        if view is not None and view in shared:
+            found[key] = shared[view]
     return found
 
 

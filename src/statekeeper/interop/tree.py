@@ -10,7 +10,14 @@ import torch
 
 from statekeeper.errors import InvalidArgumentError
 
-__all__ = ["WRAPPER_PREFIXES", "flat_leaves", "select", "strip_prefixes"]
+__all__ = [
+    "WRAPPER_PREFIXES",
+    "as_tensor",
+    "flat_leaves",
+    "select",
+    "split_tensors",
+    "strip_prefixes",
+]
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 """Prefixes that wrappers add to every key: DDP/DataParallel and ``torch.compile``."""
@@ -44,6 +51,29 @@ def flat_leaves(state: Any, prefix: str = "") -> dict[str, Any]:
 
     walk(state, prefix)
     return out
+
+
+def as_tensor(value: Any) -> torch.Tensor | None:
+    """A leaf that holds numbers as a tensor (detached; a numpy array without a copy when
+    it is contiguous), or None for any other leaf."""
+    if isinstance(value, torch.Tensor):
+        return value.detach() if value.requires_grad else value
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return torch.from_numpy(np.ascontiguousarray(value))
+    return None
+
+
+def split_tensors(flat: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensor leaves of ``flat`` (see :func:`as_tensor`) and the other leaves, in order."""
+    tensors: dict[str, torch.Tensor] = {}
+    others: dict[str, Any] = {}
+    for key, value in flat.items():
+        t = as_tensor(value)
+        if t is None:
+            others[key] = value
+        else:
+            tensors[key] = t
+    return tensors, others
 
 
 def strip_prefixes(flat: Mapping[str, Any], prefixes: Sequence[str]) -> dict[str, Any]:

@@ -15,16 +15,50 @@ Readers call ``entries()``, ``files(entry)``, ``read(entry, name)`` and ``size(e
 File names are single path components (:mod:`statekeeper.storage.files`); a backend opens
 only regular files and raises ``CorruptCheckpointError`` for anything else.
 ``remove(entry)`` deletes a whole entry (retention, clean-up).
+
+Backends differ in what a read costs and in whether a run directory exists apart from its
+entries; each says so in its :class:`Capabilities` (``storage.capabilities``), and callers
+ask it, never the backend's class.
 """
 
 from __future__ import annotations
 
 import mmap
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["FileWriter", "SharedStorage", "Storage", "Transaction"]
+__all__ = [
+    "Capabilities",
+    "EntryWriter",
+    "FileWriter",
+    "SharedStorage",
+    "Storage",
+    "Transaction",
+]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do cheaply or at all, beyond the protocol every backend keeps.
+
+    ``local_reads``: ``read`` maps a file of this machine (the page cache, no download and
+    no copy until a page is written), so reading a file before it is known to be needed
+    costs next to nothing and a large step can be streamed one file at a time. The restore
+    path then starts checksumming a step's tensor files before its manifest is parsed, and
+    offline averaging reads only such storages. Local: yes; object stores (a read is a
+    download) and memory (bytes held by the process, nothing mapped): no.
+
+    ``directories``: the run directory exists apart from its entries, so a run directory
+    that does not exist is reported as such (a mistyped path) by :meth:`Storage.exists`,
+    instead of being read as a run without checkpoints. Local: yes; object stores and memory:
+    no (a prefix exists only through what is stored under it).
+    """
+
+    local_reads: bool = False
+    directories: bool = False
 
 
 @runtime_checkable
@@ -45,6 +79,23 @@ class FileWriter(Protocol):
         ...
 
 
+class EntryWriter(ABC):
+    """What the backends' :class:`FileWriter` classes share: ``entry`` (the ``_entry`` they
+    set) and ``write``, one piece of ``write_chunks`` (which each backend implements)."""
+
+    _entry: str
+
+    @property
+    def entry(self) -> str:
+        return self._entry
+
+    def write(self, name: str, data: bytes) -> None:
+        self.write_chunks(name, (data,))
+
+    @abstractmethod
+    def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None: ...
+
+
 @runtime_checkable
 class Transaction(FileWriter, Protocol):
     """One entry being written; invisible to readers until :meth:`commit`."""
@@ -60,10 +111,24 @@ class Transaction(FileWriter, Protocol):
 
 @runtime_checkable
 class Storage(Protocol):
-    """A run directory: entries of files, written through transactions."""
+    """A run directory: entries of files, written through transactions.
+
+    ``capabilities`` declares how the backend differs from the others (see
+    :class:`Capabilities`); every backend sets it, usually as a class attribute.
+    """
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the backend does cheaply or at all (see :class:`Capabilities`)."""
+        ...
 
     def describe(self, entry: str = "", name: str = "") -> str:
         """A human-readable location for messages (a path or URL)."""
+        ...
+
+    def exists(self) -> bool:
+        """Whether the run directory exists. Asked only where ``capabilities.directories``;
+        a backend without directories answers whether anything is stored under it."""
         ...
 
     def entries(self) -> list[str]:

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, StorageError
+from statekeeper.storage.base import Capabilities, EntryWriter
 from statekeeper.storage.files import check_name
 
 __all__ = ["INCOMPLETE", "FsspecStorage"]
@@ -53,7 +54,7 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     return fs, str(root).rstrip("/")
 
 
-class _FsspecFiles:
+class _FsspecFiles(EntryWriter):
     """Writes files into one entry; with ``owner`` it may also commit or abort it."""
 
     def __init__(self, storage: FsspecStorage, final: str, owner: bool) -> None:
@@ -61,13 +62,7 @@ class _FsspecFiles:
         self._final = final
         self._owner = owner
         self._done = False
-
-    @property
-    def entry(self) -> str:
-        return self._final + INCOMPLETE
-
-    def write(self, name: str, data: bytes) -> None:
-        self.write_chunks(name, (data,))
+        self._entry = final + INCOMPLETE
 
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         path = self._storage.path(self._final, name)
@@ -98,6 +93,8 @@ class FsspecStorage:
     ``storage_options`` go to the fsspec file system (credentials, endpoint, ...).
     """
 
+    capabilities = Capabilities(local_reads=False, directories=False)  # a read is a download
+
     def __init__(self, url: str, *, marker: str = "manifest.json", **storage_options: Any) -> None:
         self.url = url.rstrip("/") + ("//" if url.rstrip("/").endswith(":") else "")
         self.marker = marker
@@ -115,6 +112,9 @@ class FsspecStorage:
 
     def _real(self, entry: str) -> str:
         return entry.removesuffix(INCOMPLETE)
+
+    def exists(self) -> bool:
+        return bool(self.fs.exists(self.root))
 
     def entries(self) -> list[str]:
         try:

@@ -1,26 +1,38 @@
-"""A run directory on a local (POSIX) file system, crash-safe through fsync and rename."""
+"""A run directory on a local (POSIX) file system, crash-safe through fsync and rename.
+
+:func:`write_file` is the same durable write for one file outside a run directory (the
+safetensors files ``convert`` and ``export`` write): a temporary file beside it, fsynced,
+renamed over it, the directory fsynced.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import mmap
 import os
 import shutil
-import socket
-import threading
+import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from statekeeper.errors import CorruptCheckpointError, StorageError, WriterConflictError
+from statekeeper.errors import CorruptCheckpointError, StorageError
+from statekeeper.storage.base import Capabilities, EntryWriter
 from statekeeper.storage.files import check_name, open_directory, open_regular, regular_size
+from statekeeper.storage.lock import LOCK_FILE, RunLock
 
-__all__ = ["LOCK_FILE", "PARTIAL", "REMOVING", "REPLACED", "LocalStorage", "write_failure"]
+__all__ = [
+    "LOCK_FILE",
+    "PARTIAL",
+    "REMOVING",
+    "REPLACED",
+    "LocalStorage",
+    "write_failure",
+    "write_file",
+]
 
-LOCK_FILE = ".statekeeper.lock"
 PARTIAL = ".partial-"
 """Infix of an entry being written: ``<entry>.partial-<id>``."""
 REMOVING = ".removing-"
@@ -81,7 +93,63 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _LocalFiles:
+def _write_durably(
+    path: Path, chunks: Iterable[bytes | memoryview], shown: Path | None = None
+) -> int:
+    """Write ``chunks`` in order into the new or truncated file ``path``, then fsync it; the
+    number of bytes written. A failure is a ``StorageError`` naming the file (``shown`` when
+    ``path`` is a temporary file that stands for it)."""
+    written = 0
+    try:
+        with open(path, "wb", buffering=0) as f:  # large writes: no extra copy
+            fd = f.fileno()
+            started = 0
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                while view:
+                    n = f.write(view)
+                    view = view[n:]
+                    written += n
+                if WRITEBACK_EVERY and written - started >= WRITEBACK_EVERY:
+                    _start_writeback(fd, started, written - started)
+                    started = written
+            os.fsync(fd)
+    except StorageError:
+        raise
+    except OSError as exc:
+        where = shown or path
+        raise write_failure(exc, f"writing {where} ({written} bytes of it written)") from exc
+    return written
+
+
+def write_file(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview]) -> int:
+    """Replace the file ``path`` (creating its folder) atomically and durably: ``chunks`` go
+    into a temporary file beside it, which is fsynced and renamed over ``path``, then the
+    folder is fsynced. A failure (``StorageError``) leaves ``path`` as it was and no
+    temporary file behind. Returns the number of bytes written."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise write_failure(exc, f"creating a temporary file for {target}") from exc
+    try:
+        size = _write_durably(Path(tmp), chunks, shown=target)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, StorageError):
+            raise write_failure(exc, f"replacing {target}") from exc
+        raise
+    try:
+        _fsync_dir(target.parent)
+    except OSError as exc:
+        raise write_failure(exc, f"making {target} durable") from exc
+    return size
+
+
+class _LocalFiles(EntryWriter):
     """Writes the files of the in-progress entry ``root/entry`` (each fsynced)."""
 
     def __init__(self, root: Path, entry: str) -> None:
@@ -89,34 +157,8 @@ class _LocalFiles:
         self._entry = entry
         self._path = root / entry
 
-    @property
-    def entry(self) -> str:
-        return self._entry
-
-    def write(self, name: str, data: bytes) -> None:
-        self.write_chunks(name, (data,))
-
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
-        path = self._path / check_name(str(self._path), name)
-        written = 0
-        try:
-            with open(path, "wb", buffering=0) as f:  # large writes: no extra copy
-                fd = f.fileno()
-                started = 0
-                for chunk in chunks:
-                    view = memoryview(chunk).cast("B")
-                    while view:
-                        n = f.write(view)
-                        view = view[n:]
-                        written += n
-                    if WRITEBACK_EVERY and written - started >= WRITEBACK_EVERY:
-                        _start_writeback(fd, started, written - started)
-                        started = written
-                os.fsync(fd)
-        except StorageError:
-            raise
-        except OSError as exc:
-            raise write_failure(exc, f"writing {path} ({written} bytes of it written)") from exc
+        _write_durably(self._path / check_name(str(self._path), name), chunks)
 
 
 class _LocalTransaction(_LocalFiles):
@@ -161,14 +203,17 @@ class _LocalTransaction(_LocalFiles):
 class LocalStorage:
     """Entries are sub-directories of ``root``; see :mod:`statekeeper.storage.base`."""
 
+    capabilities = Capabilities(local_reads=True, directories=True)
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self._lock_fd: int | None = None
-        self._lock_depth = 0
-        self._mutex = threading.Lock()
+        self._lock = RunLock(self.root)
 
     def describe(self, entry: str = "", name: str = "") -> str:
         return str(self.root.joinpath(*(p for p in (entry, name) if p)))
+
+    def exists(self) -> bool:
+        return self.root.exists()
 
     def entries(self) -> list[str]:
         try:
@@ -260,40 +305,6 @@ class LocalStorage:
         else:
             shutil.rmtree(doomed, ignore_errors=True)
 
-    @contextmanager
-    def writer_lock(self) -> Iterator[None]:
+    def writer_lock(self) -> AbstractContextManager[None]:
         """Reentrant for this object; exclusive against every other process and object."""
-        with self._mutex:
-            if self._lock_depth == 0:
-                self._lock_fd = self._acquire()
-            self._lock_depth += 1
-        try:
-            yield
-        finally:
-            with self._mutex:
-                self._lock_depth -= 1
-                if self._lock_depth == 0 and self._lock_fd is not None:
-                    os.close(self._lock_fd)  # closing releases the flock
-                    self._lock_fd = None
-
-    def _acquire(self) -> int:
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = path.read_text(errors="replace").strip() or "another writer"
-            os.close(fd)
-            raise WriterConflictError(
-                f"{self.root} is being written by {holder}; only one writer may save into a run "
-                "directory at a time. Stop the other writer or save into another directory."
-            ) from None
-        record = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
-        # rewritten only when it names another holder: the truncate can wait for a journal
-        # commit in progress (32 ms in a profile of an async save's stall right after a
-        # 1 GiB commit); the pread costs microseconds
-        if os.pread(fd, len(record) + 1, 0) != record:
-            os.ftruncate(fd, 0)
-            os.write(fd, record)
-        return fd
+        return self._lock.held()

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from statekeeper.errors import StorageError, WriterConflictError
+from statekeeper.storage.base import Capabilities, EntryWriter
 
 __all__ = ["InjectedFailure", "MemoryStorage"]
 
@@ -35,7 +36,7 @@ class _Dir:
     durable_names: set[str] = field(default_factory=set)
 
 
-class _MemoryTransaction:
+class _MemoryTransaction(EntryWriter):
     def __init__(self, storage: MemoryStorage, final: str, replace: bool) -> None:
         self._storage = storage
         self._final = final
@@ -44,13 +45,6 @@ class _MemoryTransaction:
         self._done = False
         storage._op("mkdir", self._entry)
         storage._live[self._entry] = _Dir()
-
-    @property
-    def entry(self) -> str:
-        return self._entry
-
-    def write(self, name: str, data: bytes) -> None:
-        self.write_chunks(name, (data,))
 
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         s = self._storage
@@ -81,6 +75,8 @@ class _MemoryTransaction:
 
 class MemoryStorage:
     """See the module docstring; entries live in dictionaries."""
+
+    capabilities = Capabilities(local_reads=False, directories=False)  # no files, no mapping
 
     def __init__(self, *, fail_at: int | None = None, name: str = "memory://run") -> None:
         self.fail_at = fail_at
@@ -130,6 +126,9 @@ class MemoryStorage:
 
     def describe(self, entry: str = "", name: str = "") -> str:
         return "/".join(p for p in (self._name, entry, name) if p)
+
+    def exists(self) -> bool:
+        return bool(self._live)
 
     def entries(self) -> list[str]:
         return sorted(self._live)

@@ -1,0 +1,48 @@
+"""One dtype table: names, safetensors codes and sizes, and the torch mapping derived from it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statekeeper.format import dtypes
+from statekeeper.format.dtypes import CODE_OF, ITEMSIZE, TABLE, dtype_from_name, dtype_name
+from statekeeper.format.torch_dtypes import (
+    DTYPE_CODES,
+    DTYPE_OF_CODE,
+    SUPPORTED_DTYPES,
+)
+
+
+def test_the_table_has_each_name_and_code_once() -> None:
+    names = [name for name, _, _ in TABLE]
+    codes = [code for _, code, _ in TABLE]
+    assert len(set(names)) == len(names) == len(set(codes)) == len(codes)
+    assert list(CODE_OF) == names and list(ITEMSIZE) == names
+    assert list(dtypes.CODE_RANK) == codes  # the order of a file's data section
+
+
+def test_the_torch_mapping_is_the_table() -> None:
+    assert {dtype_name(d): code for d, code in DTYPE_CODES.items()} == CODE_OF
+    assert {dtype_name(d): d.itemsize for d in DTYPE_CODES} == ITEMSIZE
+    assert {code: d for d, code in DTYPE_CODES.items()} == DTYPE_OF_CODE
+    assert frozenset(DTYPE_CODES) == SUPPORTED_DTYPES
+
+
+@pytest.mark.parametrize("dtype", [*sorted(SUPPORTED_DTYPES, key=str), torch.complex128])
+def test_names_round_trip_for_any_torch_dtype(dtype: torch.dtype) -> None:
+    assert dtype_from_name(dtype_name(dtype)) is dtype
+
+
+@pytest.mark.parametrize("name", ["nope", "Tensor", "nn", "", 3, None])
+def test_a_name_that_is_no_dtype_is_a_value_error(name: object) -> None:
+    with pytest.raises(ValueError, match="unknown dtype"):
+        dtype_from_name(name)  # type: ignore[arg-type]
+
+
+def test_the_old_homes_of_the_helpers_hand_out_the_same_functions() -> None:
+    from statekeeper.format import safetensors_io, sharding, tensors
+
+    assert tensors.dtype_name is dtype_name and sharding.dtype_from_name is dtype_from_name
+    assert safetensors_io.DTYPE_CODES is DTYPE_CODES
+    assert tensors.SUPPORTED_DTYPES is SUPPORTED_DTYPES

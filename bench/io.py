@@ -12,8 +12,8 @@ bfloat16; the parameters of one ``nn.Module``), medians over interleaved rounds 
   every file through ``mmap``, then one fused copy: the least work of a loader that checks
   every byte before it changes a live tensor) vs ``torch.load(mmap=True)`` /
   ``safetensors.torch.load_file`` + ``load_state_dict`` vs DCP ``load``;
-- async: the caller stall of ``sk.save(blocking=False)`` vs a plain copy of every tensor into
-  preallocated buffers, and the time until ``wait()`` returns (committed);
+- async: the caller stall of ``Checkpointer(async_save=True).save`` vs a plain copy of every
+  tensor into preallocated buffers, and the time until ``wait()`` returns (committed);
 - peak extra RSS of each save, one fresh subprocess per contender (``--peak NAME``).
 
 Each is also given as a ratio to the bound measured in the same run, next to the issue's
@@ -717,8 +717,13 @@ def bench_async(ctx: Ctx, tmp: Path, runs: int) -> dict[str, Series]:
                 shutil.rmtree(entry, ignore_errors=True)
         settle()
 
-    try:  # one untimed save first: the staging buffer is allocated once, then reused
-        sk.save(run_dir, {"model": ctx.model}, step=0, blocking=False).wait()
+    # a training loop's async saves: one Checkpointer, whose writer keeps its staging buffer
+    # (a one-off sk.save(blocking=False) frees it once written). One untimed save first: the
+    # staging buffer is allocated once, then reused.
+    ckpt = sk.Checkpointer(run_dir, async_save=True)
+    try:
+        ckpt.save(0, {"model": ctx.model})
+        ckpt.wait()
         clear()
     except Exception as exc:
         results["statekeeper async"].error = short_error(exc)
@@ -736,7 +741,7 @@ def bench_async(ctx: Ctx, tmp: Path, runs: int) -> dict[str, Series]:
                     gc.collect()
                     sync(ctx.device)
                     start = time.perf_counter()
-                    pending = sk.save(run_dir, {"model": ctx.model}, step=i + 1, blocking=False)
+                    pending = ckpt.save(i + 1, {"model": ctx.model})
                     stalled = time.perf_counter() - start
                     pending.wait()
                     committed = time.perf_counter() - start
@@ -746,6 +751,7 @@ def bench_async(ctx: Ctx, tmp: Path, runs: int) -> dict[str, Series]:
                 series.times.append(stalled)
                 results["statekeeper commit"].times.append(committed)
                 clear()
+    ckpt.close()
     ctx.copy_dst, ctx.pinned_dst = [], []
     shutil.rmtree(run_dir.parent, ignore_errors=True)
     return results
@@ -887,7 +893,9 @@ def report(meta: dict[str, Any], data: dict[str, Any]) -> list[list[str]]:
         table(head, throughput_rows(results, "raw read bound", nb))
     if data["load_info"]["fadvise"] != "ok":
         print(f"\n  cold (fadvise) not measured: {data['load_info']['fadvise']}")
-    print("\nAsync save: caller stall (until sk.save(blocking=False) returns) and commit")
+    print(
+        "\nAsync save: caller stall (until Checkpointer(async_save=True).save returns) and commit"
+    )
     base = asyncs["memcpy"].median
     rows = []
     for name, s in asyncs.items():

@@ -7,7 +7,7 @@ import errno
 import pytest
 
 import statekeeper as sk
-from statekeeper.errors import error_class
+from statekeeper.errors import error_class, error_kinds
 
 
 @pytest.mark.parametrize(
@@ -35,3 +35,10 @@ def test_every_error_has_a_kind_and_a_builtin(
 def test_error_class_knows_only_statekeeper_errors() -> None:
     assert error_class("ValueError") is None and error_class("nope") is None
     assert sk.StorageError(errno.ENOSPC, "full").errno == errno.ENOSPC
+
+
+def test_rank_failure_names_and_types_its_causes() -> None:
+    failure = sk.RankFailure("rank 1 failed", ["CorruptCheckpointError", "KeyError"])
+    assert failure.causes == (sk.CorruptCheckpointError, None)
+    assert error_kinds(failure) == ("CorruptCheckpointError", "KeyError")
+    assert error_kinds(sk.StepNotFoundError("gone")) == ("StepNotFoundError",)

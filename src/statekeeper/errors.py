@@ -212,6 +212,12 @@ class RankFailure(StatekeeperError, RuntimeError):
         super().__init__(message)
         self.kinds = tuple(kinds)
 
+    @property
+    def causes(self) -> tuple[type[StatekeeperError] | None, ...]:
+        """The classes of the failing ranks' errors, in ``kinds``' order (None for an error
+        that is not a statekeeper one): code branches on these, not on the names."""
+        return tuple(error_class(kind) for kind in self.kinds)
+
 
 def error_class(name: str) -> type[StatekeeperError] | None:
     """The statekeeper error class called ``name`` (errors cross ranks as names), or None."""

@@ -9,7 +9,9 @@ its own ``PYTHONHASHSEED``:
 3. resumed from the newest checkpoint of (2) by a :class:`~statekeeper.Checkpointer`, to the end.
 
 Then every tensor and value of the final state of (1) and (3) (model, optimizer, scheduler,
-RNG, data loader, ...) must be bitwise equal; otherwise it fails naming the first differing key.
+RNG, data loader, ...) must be bitwise equal (``Match.BITWISE`` of
+:mod:`statekeeper.state.compare`: ``-0.0`` is not ``0.0``); otherwise it fails naming the
+first differing key.
 
 ``make_run`` must be a module-level function (the child processes import it by name) that
 builds everything from scratch, seeds included, and returns a :class:`Run`.
@@ -37,7 +39,7 @@ from statekeeper.checkpoint.policies import EverySteps
 from statekeeper.checkpoint.reader import read_step
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError
-from statekeeper.state.compare import state_difference
+from statekeeper.state.compare import BITWISE, state_difference
 from statekeeper.state.rng import Generator, RNGState
 
 _SYNC = "STATEKEEPER_TEST_SYNC"  # set for the ranks of a multi-process run
@@ -80,9 +82,10 @@ def _load_reference(ref: str) -> Callable[[], Run]:
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:
-    """The key path of the first difference between two states (bitwise for tensors), or None
+    """The key path of the first difference between two states, bitwise (``-0.0`` is not
+    ``0.0``, a NaN tensor element equals one with the same bits), or None
     (:func:`statekeeper.state.compare.state_difference`)."""
-    return state_difference(a, b, path)
+    return state_difference(a, b, path, BITWISE)
 
 
 def assert_state_equal(a: Any, b: Any) -> None:

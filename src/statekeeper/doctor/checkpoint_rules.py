@@ -26,8 +26,9 @@ import torch
 from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.doctor.finding import Finding, Report, Severity
+from statekeeper.doctor.rules._probe import module_path
 from statekeeper.doctor.rules.pickle_values import PickleValues
-from statekeeper.doctor.rules.shared_storage import SharedStorage, module_of, wrapper_prefixes
+from statekeeper.doctor.rules.shared_storage import SharedStorage, wrapper_prefixes
 from statekeeper.doctor.rules.shared_storage import wrapper_text as _wrapper_text
 from statekeeper.errors import StepNotFoundError
 from statekeeper.format.jsondoc import parse_json
@@ -102,7 +103,7 @@ def _aliases(manifest: Manifest) -> Iterator[Finding]:
         size = None if base is None else _itemsize(base.dtype)
         entry, _, key = name.partition("/")
         yield Finding(
-            SK007, Severity.INFO, f"{entry}/{module_of(key)}" if key else entry,
+            SK007, Severity.INFO, f"{entry}/{module_path(key, '<root>')}" if key else entry,
             f"shares storage with {alias.base}: stored once, re-tied on load", "nothing to do",
             tensor=name, shape=alias.shape,
             bytes=None if size is None else math.prod(alias.shape) * size,

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
+from statekeeper.errors import InvalidArgumentError
 
 __all__ = ["Need", "Rule", "Target"]
 
@@ -50,6 +51,15 @@ class Target:
             Need.SPEC: self.spec is not None,
         }[need]
 
+    def require_model(self) -> torch.nn.Module:
+        """The model, for a rule that needs one (``Need.MODEL``)."""
+        if self.model is None:
+            raise InvalidArgumentError(
+                "this rule needs a model: the factory must return an nn.Module (or a dict "
+                "with model=)"
+            )
+        return self.model
+
     def call(self, model: torch.nn.Module) -> Any:
         """``model`` applied to the example input (a tuple is unpacked, a dict passed by name)."""
         x = self.example_input() if callable(self.example_input) else self.example_input
@@ -62,7 +72,10 @@ class Target:
     def fresh(self) -> Target:
         """A target built anew by the factory (a fresh model, optimizer and input)."""
         if self.factory is None:
-            raise ValueError("this target has no factory")
+            raise InvalidArgumentError(
+                "this target has no factory: pass a function that builds the model, not a "
+                "built model"
+            )
         from statekeeper.doctor.target import build_target  # a cycle only at call time
 
         return build_target(self.factory, spec=self.spec)

@@ -18,28 +18,22 @@ from torch.nn.parameter import is_lazy
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
-from statekeeper.doctor.rules.overlap import isolated_rng, not_fresh
+from statekeeper.doctor.rules._probe import (
+    fresh_model,
+    isolated_rng,
+    kept_modes,
+    nbytes,
+    not_fresh,
+    persistent_buffers,
+)
+from statekeeper.state.compare import NUMERIC, same
 
 __all__ = ["BatchState"]
 
 
-def _persistent(model: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
-    """(module path, buffer name) -> the buffer, for every built persistent buffer."""
-    out: dict[tuple[str, str], torch.Tensor] = {}
-    for path, module in model.named_modules():
-        for name, buf in module._buffers.items():
-            if buf is None or name in module._non_persistent_buffers_set or is_lazy(buf):
-                continue
-            out[path, name] = buf
-    return out
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        return False
-    if a.is_floating_point() or a.is_complex():
-        return bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
-    return bool(torch.equal(a, b))
+def _built(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every persistent buffer, by its key, that is built (a lazy module's is not yet)."""
+    return {k: v for k, v in persistent_buffers(model).items() if not is_lazy(v)}
 
 
 class BatchState:
@@ -50,26 +44,20 @@ class BatchState:
 
     def check(self, target: Target) -> Iterator[Finding]:
         with isolated_rng():
-            fresh = target.fresh()
-            model = fresh.model
-            if model is None or model is target.model:
+            built = fresh_model(target)
+            if built is None:
                 yield not_fresh(self.id)
                 return
-            before = {k: v.detach().clone() for k, v in _persistent(model).items()}
-            modes = {m: m.training for m in model.modules()}
-            model.eval()
-            try:
-                with torch.no_grad():
-                    fresh.call(model)
-            finally:
-                for m, training in modes.items():
-                    m.training = training
-            after = _persistent(model)
-        for (path, name), old in before.items():
-            new = after.get((path, name))
-            if new is None or _same(old, new):
+            fresh, model = built
+            before = {k: v.detach().clone() for k, v in _built(model).items()}
+            with kept_modes(model), torch.no_grad():
+                fresh.call(model.eval())
+            after = _built(model)
+        for key, old in before.items():
+            new = after.get(key)
+            if new is None or same(old, new, NUMERIC):  # values compared as numbers
                 continue
-            key = f"{path}.{name}" if path else name
+            path, _, name = key.rpartition(".")
             if old.shape != new.shape:
                 size = (
                     f" and its shape follows the batch ({tuple(old.shape)} -> {tuple(new.shape)}),"
@@ -85,5 +73,5 @@ class BatchState:
                 f"keep per-batch state out of the state_dict (register_buffer('{name}', ..., "
                 "persistent=False)) and reset it explicitly, or pass it in as an argument and "
                 "return it",
-                tensor=name, shape=tuple(new.shape), bytes=new.numel() * new.element_size(),
+                tensor=name, shape=tuple(new.shape), bytes=nbytes(new),
             )  # fmt: skip

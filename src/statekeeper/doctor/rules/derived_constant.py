@@ -4,8 +4,9 @@ A table computed in ``__init__`` (positional encodings, masks, frequency grids) 
 registered as a persistent buffer is saved in every checkpoint although the code rebuilds
 it: it bloats checkpoints, and loading an old checkpoint after the code changed the table
 either fails on the shape or silently restores the old values. Seen by building the model
-twice under different torch seeds (the buffer is identical, and equal to the target's) and
-running one training step on a fresh instance (the buffer does not change). BatchNorm's
+twice under different seeds (every global generator seeded 1, then 2: the buffer is
+identical as numbers, and equal to the target's) and running one training step on a fresh
+instance (the buffer does not change). BatchNorm's
 running statistics change in that step, its ``num_batches_tracked`` is skipped, and buffers
 that alias a parameter are left to the rules on shared storage.
 """
@@ -19,7 +20,15 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
-from statekeeper.doctor.rules.overlap import isolated_rng, module_path
+from statekeeper.doctor.rules._probe import (
+    isolated_rng,
+    kept_modes,
+    module_path,
+    nbytes,
+    persistent_buffers,
+    seed_all,
+)
+from statekeeper.state.compare import NUMERIC, same
 
 __all__ = ["DerivedConstant"]
 
@@ -28,15 +37,13 @@ _SEEDS = (1, 2)
 
 def _persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Floating or integer persistent buffers that are not a parameter's alias."""
-    keys = model.state_dict(keep_vars=True).keys()
     storages = {
         p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
     }
     out = {}
-    for name, buf in model.named_buffers(remove_duplicate=False):
+    for name, buf in persistent_buffers(model).items():
         if (
-            name in keys
-            and name.rpartition(".")[2] != "num_batches_tracked"
+            name.rpartition(".")[2] != "num_batches_tracked"
             and (buf.is_floating_point() or (not buf.is_complex() and buf.dtype != torch.bool))
             and buf.numel() > 0
             and buf.device.type != "meta"
@@ -44,12 +51,6 @@ def _persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         ):
             out[name] = buf
     return out
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -64,17 +65,9 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def _seed(seed: int) -> None:
-    """Seed torch's CPU generator (and CUDA's once initialized: no lazily queued seeding)."""
-    torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        torch.cuda.manual_seed_all(seed)
-
-
 def _train_step(target: Target, model: torch.nn.Module) -> None:
     """One forward/backward/SGD step in train mode; modes and grad mode restored after."""
-    modes = {m: m.training for m in model.modules()}
-    try:
+    with kept_modes(model):
         model.train()
         with torch.enable_grad():
             out = _first_tensor(target.call(model))
@@ -88,20 +81,17 @@ def _train_step(target: Target, model: torch.nn.Module) -> None:
             stepped = [p for p in params if p.grad is not None]
             if stepped:
                 torch.optim.SGD(stepped, lr=1e-3).step()
-    finally:
-        for m, training in modes.items():
-            m.training = training
 
 
 def _uniform(t: torch.Tensor) -> bool:
     """All elements equal: how state starts (zeros, ones, a counter), not a derived table."""
     flat = t.detach().reshape(-1)
-    return bool(torch.equal(flat, flat[:1].expand_as(flat)))
+    return same(flat, flat[:1].expand_as(flat), NUMERIC)
 
 
 def _finding(name: str, buf: torch.Tensor, evidence: str, fix: str) -> Finding:
     """An SK003 warning on buffer ``name``: identical in fresh builds, then ``evidence``."""
-    size = buf.numel() * buf.element_size()
+    size = nbytes(buf)
     return Finding(
         DerivedConstant.id,
         Severity.WARNING,
@@ -141,14 +131,13 @@ class DerivedConstant:
     needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY})
 
     def check(self, target: Target) -> Iterator[Finding]:
-        assert target.model is not None
-        candidates = _persistent_buffers(target.model)
+        candidates = _persistent_buffers(target.require_model())
         if not candidates:
             return
         builds: list[Target] = []
         with isolated_rng():
             for seed in _SEEDS:
-                _seed(seed)
+                seed_all(seed)
                 builds.append(target.fresh())
         models = [b.model for b in builds if b.model is not None]
         if len(models) != len(builds):
@@ -159,8 +148,8 @@ class DerivedConstant:
             for name, buf in candidates.items()
             if name in first
             and name in second
-            and _same(buf, first[name])
-            and _same(first[name], second[name])
+            and same(buf, first[name], NUMERIC)
+            and same(first[name], second[name], NUMERIC)
         ]
         if not constant:
             return
@@ -182,9 +171,9 @@ class DerivedConstant:
             return
         after = _persistent_buffers(models[0])
         for name in constant:
-            if name in after and not _same(before[name], after[name]):
+            if name in after and not same(before[name], after[name], NUMERIC):
                 continue
-            size = candidates[name].numel() * candidates[name].element_size()
+            size = nbytes(candidates[name])
             yield _finding(
                 name,
                 candidates[name],

@@ -12,17 +12,22 @@ restored afterwards.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 
-import numpy as np
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules._probe import (
+    isolated_rng,
+    kept_modes,
+    module_path,
+    nbytes,
+    persistent_buffers,
+)
+from statekeeper.state.compare import NUMERIC, same
 
 __all__ = ["ModeDependent"]
 
@@ -40,41 +45,8 @@ class _Snapshot:
 
 
 def _snapshot(model: torch.nn.Module, label: str) -> _Snapshot:
-    state = model.state_dict(keep_vars=True)
-    buffer_ids = {id(b) for b in model.buffers()}
-    buffers = {
-        k: v.detach().clone()
-        for k, v in state.items()
-        if isinstance(v, torch.Tensor) and id(v) in buffer_ids
-    }
-    return _Snapshot(label, tuple(state), buffers)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):
-        return True
-    return bool(
-        (a.is_floating_point() or a.is_complex())
-        and torch.equal(a.isnan(), b.isnan())
-        and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
-    )
-
-
-@contextmanager
-def _preserved(model: torch.nn.Module | None) -> Iterator[None]:
-    """Restores the RNGs (torch CPU, python, numpy) and the modes of ``model``'s modules."""
-    modes = [(m, m.training) for m in model.modules()] if model is not None else []
-    py_state, np_state = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        for module, training in modes:
-            module.training = training
+    buffers = {k: v.detach().clone() for k, v in persistent_buffers(model).items()}
+    return _Snapshot(label, tuple(model.state_dict(keep_vars=True)), buffers)
 
 
 class ModeDependent:
@@ -84,12 +56,12 @@ class ModeDependent:
     needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY})
 
     def check(self, target: Target) -> Iterator[Finding]:
-        with _preserved(None):  # the factory and the forward may draw random numbers
+        with isolated_rng():  # the factory and the forward may draw random numbers
             fresh = target.fresh()
             model = fresh.model
             if model is None:
                 return
-            with _preserved(model):
+            with kept_modes(model):
                 snaps = self._snapshots(model, fresh if fresh.has(Need.INPUT) else None)
         yield from self._compare(snaps)
 
@@ -119,7 +91,7 @@ class ModeDependent:
             changes += [
                 (k, "changes value")
                 for k in after.buffers
-                if k in before.buffers and not _same(before.buffers[k], after.buffers[k])
+                if k in before.buffers and not same(before.buffers[k], after.buffers[k], NUMERIC)
             ]
             for key, what in changes:
                 if key in reported:
@@ -127,11 +99,11 @@ class ModeDependent:
                 reported.add(key)
                 t = after.buffers.get(key, before.buffers.get(key))
                 yield Finding(
-                    self.id, Severity.ERROR, key.rpartition(".")[0] or "<root>",
+                    self.id, Severity.ERROR, module_path(key, "<root>"),
                     f"{key!r} {what} when {before.label} is followed by {after.label}: a "
                     "checkpoint saved in one mode fails to load strictly, or loads a stale "
                     "cache, in the other",
                     _FIX, tensor=key,
                     shape=None if t is None else tuple(t.shape),
-                    bytes=None if t is None else t.numel() * t.element_size(),
+                    bytes=None if t is None else nbytes(t),
                 )  # fmt: skip

@@ -11,38 +11,17 @@ the factory builds anew, with plain ``module.load_state_dict``.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
-from contextlib import contextmanager
 
-import numpy as np
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules._probe import isolated_rng, module_path, nbytes
 
-__all__ = ["MemoryOverlap", "isolated_rng", "module_path", "not_fresh"]
+__all__ = ["MemoryOverlap"]
 
 _OVERLAP = "more than one element of the written-to tensor"
-
-
-@contextmanager
-def isolated_rng() -> Iterator[None]:
-    """Every global generator (python, numpy, torch CPU and initialized CUDA) restored on exit."""
-    cuda = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-    devices = list(range(torch.cuda.device_count())) if cuda else []
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=devices):
-            yield
-    finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
-
-
-def module_path(tensor_name: str) -> str:
-    """``"block.0.weight"`` -> ``"block.0"``; a tensor of the root module -> ``"model"``."""
-    return tensor_name.rpartition(".")[0] or "model"
 
 
 def _failed_loads(message: str) -> set[str]:
@@ -62,8 +41,7 @@ class MemoryOverlap:
     needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY})
 
     def check(self, target: Target) -> Iterator[Finding]:
-        assert target.model is not None
-        state = target.model.state_dict(keep_vars=True)
+        state = target.require_model().state_dict(keep_vars=True)
         overlapping = {
             name: t
             for name, t in state.items()
@@ -75,7 +53,6 @@ class MemoryOverlap:
             return
         failed, other = self._confirm(target)
         for name, t in overlapping.items():
-            size = t.numel() * t.element_size()
             confirmed = name in failed
             if confirmed:
                 outcome = (
@@ -102,29 +79,20 @@ class MemoryOverlap:
                 "own memory before loading, and warns",
                 tensor=name,
                 shape=tuple(t.shape),
-                bytes=size,
+                bytes=nbytes(t),
             )
 
     @staticmethod
     def _confirm(target: Target) -> tuple[set[str], str]:
         """(names torch failed to load for overlap, any other load error) on a fresh build."""
-        assert target.model is not None
+        model = target.require_model()
         with isolated_rng():
             fresh = target.fresh().model
         if fresh is None:
             return set(), "the factory returned no model"
         try:
-            fresh.load_state_dict(target.model.state_dict())
+            fresh.load_state_dict(model.state_dict())
         except RuntimeError as exc:
             failed = _failed_loads(str(exc))
             return failed, "" if failed else str(exc).splitlines()[0]
         return set(), ""
-
-
-def not_fresh(rule: str) -> Finding:
-    """The finding of a rule that needs a new instance when the factory returned the same one."""
-    return Finding(
-        rule, Severity.INFO, "model",
-        "skipped: the factory did not build new, independent model instances",
-        "make the factory return a new model on every call",
-    )  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules._probe import module_path
 from statekeeper.errors import UnsupportedValueError
 from statekeeper.format.values import join_path
 from statekeeper.state.tree import flatten
@@ -62,8 +63,7 @@ class PickleValues:
     needs: frozenset[Need] = frozenset({Need.MODEL})
 
     def check(self, target: Target) -> Iterator[Finding]:
-        assert target.model is not None  # guaranteed by needs
-        yield from self._entry("", target.model.state_dict(), is_model=True)
+        yield from self._entry("", target.require_model().state_dict(), is_model=True)
         if target.optimizer is not None:
             name = next((k for k, v in target.state.items() if v is target.optimizer), "optimizer")
             yield from self._entry(name, target.optimizer.state_dict(), is_model=False)
@@ -71,7 +71,7 @@ class PickleValues:
     def _entry(self, root: str, state: dict[str, Any], *, is_model: bool) -> Iterator[Finding]:
         for path, value, exc in offenders(state.items(), root):
             key = path.split("/", 1)[0]
-            where = (key.rpartition(".")[0] or "<root>") if is_model else root
+            where = module_path(key, "<root>") if is_model else root
             tensor = path if is_model else path.removeprefix(f"{root}/")
             if isinstance(value, torch.Tensor | np.ndarray):
                 dtype = str(value.dtype).removeprefix("torch.")

@@ -20,21 +20,17 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules._probe import module_path, nbytes
 from statekeeper.format.aliases import plan_sharing
 from statekeeper.state.modules import unwrap
 
-__all__ = ["SharedStorage", "module_of", "wrapper_prefixes"]
+__all__ = ["SharedStorage", "wrapper_prefixes"]
 
 COMPILE = "_orig_mod"
 PARALLEL = "module"
 _PARALLEL_TYPES = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 TIED_PROBLEM = "shares storage with {}; a naive save duplicates or un-ties it"
 TIED_FIX = "nothing to do: statekeeper saves it once and re-ties it on load"
-
-
-def module_of(key: str) -> str:
-    """The module path of a state_dict key (``"<root>"`` for the model's own tensors)."""
-    return key.rpartition(".")[0] or "<root>"
 
 
 def wrapper_prefixes(keys: list[str], parallel_at: frozenset[str] = frozenset()) -> dict[str, int]:
@@ -80,8 +76,7 @@ class SharedStorage:
     needs: frozenset[Need] = frozenset({Need.MODEL})
 
     def check(self, target: Target) -> Iterator[Finding]:
-        model = target.model
-        assert model is not None  # guaranteed by needs
+        model = target.require_model()
         state = model.state_dict()
         inner = unwrap(model).state_dict()  # the names statekeeper.save stores them under
         yield from self._aliases({k: v for k, v in inner.items() if isinstance(v, torch.Tensor)})
@@ -108,7 +103,7 @@ class SharedStorage:
             others += [m for m in groups[alias.base] if m != name]
             t = tensors[name]
             yield Finding(
-                self.id, Severity.INFO, module_of(name),
+                self.id, Severity.INFO, module_path(name, "<root>"),
                 TIED_PROBLEM.format(", ".join(others)), TIED_FIX,
-                tensor=name, shape=tuple(t.shape), bytes=t.numel() * t.element_size(),
+                tensor=name, shape=tuple(t.shape), bytes=nbytes(t),
             )  # fmt: skip

@@ -20,11 +20,17 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
-from statekeeper.doctor.rules.overlap import isolated_rng, not_fresh
+from statekeeper.doctor.rules._probe import (
+    fresh_model,
+    isolated_rng,
+    kept_modes,
+    nbytes,
+    not_fresh,
+    plain_attributes,
+    state_ids,
+)
 
 __all__ = ["TransientTensors"]
-
-_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks, training...
 
 
 def _tensors(value: Any) -> list[torch.Tensor] | None:
@@ -36,13 +42,6 @@ def _tensors(value: Any) -> list[torch.Tensor] | None:
         found = [v for v in items if isinstance(v, torch.Tensor)]
         return found or None
     return None
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    try:
-        return t.numel() * t.element_size()
-    except (RuntimeError, NotImplementedError):  # exotic subclasses
-        return 0
 
 
 @dataclass
@@ -59,11 +58,10 @@ class _Held:
 def _attributes(model: torch.nn.Module) -> dict[tuple[str, str], tuple[Any, list[torch.Tensor]]]:
     """(module path, attribute) -> (the value, its tensors) for every tensor attribute."""
     out: dict[tuple[str, str], tuple[Any, list[torch.Tensor]]] = {}
-    for path, module in model.named_modules():
-        for attr, value in vars(module).items():
-            tensors = None if attr in _INTERNALS else _tensors(value)
-            if tensors is not None:
-                out[path, attr] = (value, tensors)
+    for path, attr, value in plain_attributes(model):
+        tensors = _tensors(value)
+        if tensors is not None:
+            out[path, attr] = (value, tensors)
     return out
 
 
@@ -83,7 +81,7 @@ def _changed(
         ):
             continue
         loose = [t for t in tensors if id(t) not in owned]
-        if loose and sum(_nbytes(t) for t in loose) > 0:
+        if loose and sum(nbytes(t) for t in loose) > 0:
             yield path, attr, value, loose
 
 
@@ -95,12 +93,11 @@ class TransientTensors:
 
     def check(self, target: Target) -> Iterator[Finding]:
         with isolated_rng():
-            fresh = target.fresh()
-            model = fresh.model
-            if model is None or model is target.model:
+            built = fresh_model(target)
+            if built is None:
                 yield not_fresh(self.id)
                 return
-            held = self._held(fresh, model)
+            held = self._held(*built)
         for h in held.values():
             graph = ", with the autograd graph behind it," if h.graph else ""
             yield Finding(
@@ -116,9 +113,8 @@ class TransientTensors:
             )  # fmt: skip
 
     def _held(self, fresh: Target, model: torch.nn.Module) -> dict[tuple[str, str], _Held]:
-        modes = {m: m.training for m in model.modules()}
         held: dict[tuple[str, str], _Held] = {}
-        try:
+        with kept_modes(model):
             for phase in ("train", "eval"):
                 before = _attributes(model)
                 model.train(phase == "train")
@@ -130,9 +126,9 @@ class TransientTensors:
                     if phase == "train":
                         continue
                     raise
-                owned = {id(t) for t in model.parameters()} | {id(b) for b in model.buffers()}
+                owned = state_ids(model)
                 for path, attr, value, loose in _changed(before, _attributes(model), owned):
-                    size = sum(_nbytes(t) for t in loose)
+                    size = sum(nbytes(t) for t in loose)
                     if (path, attr) in held:  # seen in train mode: keep what eval left behind
                         seen = held[path, attr]
                         seen.phases.append(phase)
@@ -148,7 +144,4 @@ class TransientTensors:
                         any(t.grad_fn is not None for t in loose),
                         [phase],
                     )  # fmt: skip
-        finally:
-            for m, training in modes.items():
-                m.training = training
         return held

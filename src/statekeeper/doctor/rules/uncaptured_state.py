@@ -14,7 +14,6 @@ says so instead. Every RNG the factory or the forwards draw from is restored aft
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,28 +22,24 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
-from statekeeper.doctor.rules.overlap import isolated_rng, not_fresh
-from statekeeper.state.compare import Leaves, first_difference, leaves
+from statekeeper.doctor.rules._probe import (
+    isolated_rng,
+    not_fresh,
+    plain_attributes,
+    seed_all,
+    state_ids,
+)
+from statekeeper.state.compare import NUMERIC, Leaves, first_difference, leaves
 
 __all__ = ["UncapturedState"]
 
-_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks, training...
 _CALL_SEED = 3
 _MAX_SUSPECTS = 8
 
 
-def _seed(seed: int) -> None:
-    """Seed every global RNG (CUDA's only once initialized: no lazily queued seeding)."""
-    torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        torch.cuda.manual_seed_all(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal wherever their tensors sit (:mod:`statekeeper.state.compare`)."""
-    return first_difference(list(leaves(a, "")), list(leaves(b, ""))) is None
+def _differ(a: Leaves, b: Leaves) -> tuple[str, Any, Any] | None:
+    """The first leaf at which two outputs (or attribute values) differ as numbers."""
+    return first_difference(a, b, NUMERIC)
 
 
 def _stateish(value: Any, depth: int = 0) -> bool:
@@ -61,20 +56,17 @@ def _stateish(value: Any, depth: int = 0) -> bool:
 
 def _suspects(a: torch.nn.Module, b: torch.nn.Module) -> list[str]:
     """Attributes (not parameters or buffers) whose values differ between A and B."""
-    owned = {id(t) for t in a.parameters()} | {id(t) for t in a.buffers()}
+    owned = state_ids(a)
     others = dict(b.named_modules())
     found: list[str] = []
-    for path, module in a.named_modules():
+    for path, attr, value in plain_attributes(a):
         twin = others.get(path)
-        if twin is None:
+        if twin is None or id(value) in owned or not _stateish(value):
             continue
-        for attr, value in vars(module).items():
-            if attr in _INTERNALS or id(value) in owned or not _stateish(value):
-                continue
-            missing = object()
-            other = vars(twin).get(attr, missing)
-            if other is missing or not _same(value, other):
-                found.append(f"{path}.{attr}" if path else attr)
+        missing = object()
+        other = vars(twin).get(attr, missing)
+        if other is missing or _differ(list(leaves(value, "")), list(leaves(other, ""))):
+            found.append(f"{path}.{attr}" if path else attr)
     return found
 
 
@@ -86,9 +78,9 @@ class UncapturedState:
 
     def check(self, target: Target) -> Iterator[Finding]:
         with isolated_rng():
-            _seed(1)
+            seed_all(1)
             feed = target.fresh()
-            _seed(2)
+            seed_all(2)
             a, b = feed.model, target.fresh().model
             if a is None or b is None or a is b or target.model in (a, b) or _shared(a, b):
                 yield not_fresh(self.id)
@@ -109,11 +101,11 @@ class UncapturedState:
             except Exception:  # not every module can be copied: call A itself again instead
                 twin = None
             out_a = self._outputs(feed, a)
-            diff = first_difference(out_a, self._outputs(feed, b))
+            diff = _differ(out_a, self._outputs(feed, b))
             if diff is None:
                 return
             again = self._outputs(feed, twin if twin is not None else a)
-            if first_difference(out_a, again) is not None:
+            if _differ(out_a, again) is not None:
                 yield Finding(
                     self.id, Severity.WARNING, "model",
                     "skipped: the output is nondeterministic (the same state and seed give "
@@ -128,12 +120,12 @@ class UncapturedState:
     @staticmethod
     def _warm_up(feed: Target, model: torch.nn.Module) -> None:
         """One train-mode forward (so lazily built state exists), then eval mode."""
-        _seed(_CALL_SEED)
+        seed_all(_CALL_SEED)
         try:
             with torch.no_grad():
                 feed.call(model.train())
         except Exception:  # e.g. BatchNorm on a batch of one: build lazy state in eval instead
-            _seed(_CALL_SEED)
+            seed_all(_CALL_SEED)
             with torch.no_grad():
                 feed.call(model.eval())
         model.eval()
@@ -142,7 +134,7 @@ class UncapturedState:
     def _outputs(feed: Target, model: torch.nn.Module) -> Leaves:
         """Every leaf of the output, wherever it sits (tuples, dicts, dataclasses, model
         outputs, cache objects): two outputs are equal when their tensors are."""
-        _seed(_CALL_SEED)
+        seed_all(_CALL_SEED)
         with torch.no_grad():
             return list(leaves(feed.call(model)))
 
@@ -180,5 +172,4 @@ class UncapturedState:
 
 def _shared(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     """Whether the two instances share a parameter or buffer (the factory reuses objects)."""
-    owned = {id(t) for t in a.parameters()} | {id(t) for t in a.buffers()}
-    return any(id(t) in owned for t in (*b.parameters(), *b.buffers()))
+    return bool(state_ids(a) & state_ids(b))

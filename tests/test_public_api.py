@@ -95,7 +95,12 @@ def test_library_code_never_prints_or_pickles() -> None:
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         }
         assert "print" not in calls, path
-        assert not {"pickle", "dill", "cloudpickle"} & _imports(path), path
+        imported = _imports(path)
+        if path.relative_to(SRC).as_posix() == "interop/unpickler.py":
+            imported -= {
+                "pickle"
+            }  # the allow-list Unpickler (tests/interop/test_restricted_unpickler.py)
+        assert not {"pickle", "dill", "cloudpickle"} & imported, path
         text = path.read_text().replace("safetensors.torch.load", "")
         if path.relative_to(SRC).as_posix() == "interop/pickled.py":
             continue  # the one place torch.load is called: checked below

@@ -16,12 +16,11 @@ prefixes. A directory that holds no statekeeper step but such files has each of 
 from __future__ import annotations
 
 import math
+import mmap
 import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-
-import torch
 
 from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.reader import read_manifest
@@ -31,8 +30,9 @@ from statekeeper.doctor.rules.pickle_values import PickleValues
 from statekeeper.doctor.rules.shared_storage import SharedStorage, wrapper_prefixes
 from statekeeper.doctor.rules.shared_storage import wrapper_text as _wrapper_text
 from statekeeper.errors import StepNotFoundError
-from statekeeper.format.jsondoc import parse_json
+from statekeeper.format.dtypes import ITEMSIZE
 from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.format.safetensors_header import read_header
 from statekeeper.interop.pickled import numpy_globals, refused_globals
 from statekeeper.storage.files import regular_size
 
@@ -41,7 +41,6 @@ __all__ = ["check_checkpoint"]
 SK007, SK008 = SharedStorage.id, PickleValues.id
 RULES = ((SK007, SharedStorage.summary), (SK008, PickleValues.summary))
 FOREIGN_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors"})
-_MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
 SAFE = "safe format"
 PICKLE_PROBLEM = "this file is a pickle that weights_only loading refuses: loading it runs code"
 WEIGHTS_ONLY = (
@@ -86,11 +85,6 @@ def check_checkpoint(path: str, step: int | None = None) -> Report:
     return Report(path, tuple(findings), RULES, skipped, time.perf_counter() - start)
 
 
-def _itemsize(dtype: str) -> int | None:
-    found = getattr(torch, dtype, None)
-    return found.itemsize if isinstance(found, torch.dtype) else None
-
-
 def _statekeeper(path: str, step: int | None) -> Iterator[Finding]:
     manifest = read_manifest(locate(path, step))
     yield from _prefixes(list(manifest.tensors) + list(manifest.aliases))
@@ -100,7 +94,7 @@ def _statekeeper(path: str, step: int | None) -> Iterator[Finding]:
 def _aliases(manifest: Manifest) -> Iterator[Finding]:
     for name, alias in sorted(manifest.aliases.items()):
         base = manifest.tensors.get(alias.base)
-        size = None if base is None else _itemsize(base.dtype)
+        size = None if base is None else ITEMSIZE.get(base.dtype)
         entry, _, key = name.partition("/")
         yield Finding(
             SK007, Severity.INFO, f"{entry}/{module_path(key, '<root>')}" if key else entry,
@@ -150,7 +144,7 @@ def _foreign(path: Path, where: str) -> Iterator[Finding]:
     if kind is not None:
         yield _pickle_finding(path, where, kind, size)
         return
-    names = _safetensors_names(path, head, size)
+    names = _safetensors_names(path, head)
     if names is not None:
         yield Finding(
             SK008, Severity.INFO, where,
@@ -185,20 +179,15 @@ def _pickle_finding(path: Path, where: str, kind: str, size: int) -> Finding:
     )  # fmt: skip
 
 
-def _safetensors_names(path: Path, head: bytes, size: int) -> list[str] | None:
-    """The tensor names of a safetensors file, or None if its header does not parse."""
-    if len(head) < 9:
+def _safetensors_names(path: Path, head: bytes) -> list[str] | None:
+    """The tensor names of a safetensors file, or None if it is not a well-formed one."""
+    if len(head) < 9 or head[8:9] != b"{":
         return None
-    length = int.from_bytes(head[:8], "little")
-    if length > min(_MAX_HEADER, size - 8) or head[8:9] != b"{":
-        return None
-    with path.open("rb") as f:
-        f.seek(8)
-        raw = f.read(length)
-    try:
-        header = parse_json(raw)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(header, dict):
-        return None
-    return [k for k in header if k != "__metadata__"]
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            return list(read_header(view).entries)
+        except ValueError:
+            return None
+        finally:
+            view.release()

@@ -5,10 +5,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from statekeeper.doctor.rule import Target
 from statekeeper.errors import InvalidArgumentError
@@ -17,30 +15,8 @@ __all__ = ["build_target", "load_factory"]
 
 
 def build_target(factory: Callable[[], Any], *, spec: str | None = None) -> Target:
-    """Call ``factory`` and read what it returned.
-
-    It may return an ``nn.Module``, or a dict: ``model``, ``optimizer``, ``example_input``
-    (a value or a function returning one) and any other named objects of the training
-    state (data loaders, schedulers...).
-    """
-    built = factory()
-    if isinstance(built, torch.nn.Module):
-        return Target({"model": built}, model=built, factory=factory, spec=spec)
-    if not (isinstance(built, Mapping) and all(isinstance(k, str) for k in built)):
-        raise InvalidArgumentError(
-            "the doctor's factory must return an nn.Module or a dict (model=, optimizer=, "
-            f"example_input=, other state entries), got {type(built).__name__}"
-        )
-    model = built.get("model")
-    optimizer = built.get("optimizer")
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise InvalidArgumentError(f"'model' must be an nn.Module, got {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise InvalidArgumentError(
-            f"'optimizer' must be a torch optimizer, got {type(optimizer).__name__}"
-        )
-    state = {k: v for k, v in built.items() if k != "example_input"}
-    return Target(state, model, optimizer, built.get("example_input"), factory, spec)
+    """Call ``factory`` and read what it returned (:meth:`Target.build`)."""
+    return Target.build(factory, spec=spec)
 
 
 def load_factory(spec: str) -> Callable[[], Any]:

@@ -51,8 +51,20 @@ def _modules() -> Iterator[tuple[str, Path]]:
 KNOWN = {m for m, _ in _modules()}
 
 
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]
+
+
+def _dynamic(node: ast.Call) -> bool:
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    return name in ("import_module", "__import__")
+
+
 def _imported(module: str, path: Path) -> set[str]:
-    """Every statekeeper module ``module`` imports, at any depth of its code."""
+    """Every statekeeper module ``module`` imports, at any depth of its code (with the
+    packages whose ``__init__`` such an import runs); a dynamic import in the core is
+    reported as the pseudo-module ``<dynamic>``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -66,18 +78,23 @@ def _imported(module: str, path: Path) -> set[str]:
             for alias in node.names:  # `from a import b`: the module a.b if there is one
                 sub = f"{base}.{alias.name}"
                 found.add(sub if sub in KNOWN else base)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-        ):
-            found.add(str(node.args[0].value))
-    return {m for m in found if m in KNOWN and m != module}
+        elif isinstance(node, ast.Call) and _dynamic(node):
+            args = node.args
+            if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+                name = args[0].value
+                if name.startswith(".") and len(args) > 1 and isinstance(args[1], ast.Constant):
+                    name = f"{args[1].value}{name}"
+                found.add(name)
+            if module.split(".")[1:2] and module.split(".")[1] in CORE:
+                found.add("<dynamic>")
+    own = set(_parents(module)) | {module}
+    found |= {p for m in list(found) if m in KNOWN for p in _parents(m) if p not in own}
+    return {m for m in found if (m in KNOWN or m == "<dynamic>") and m != module}
 
 
 def _layer(module: str) -> tuple[str, int]:
+    if module == "<dynamic>":  # the core never imports by name at run time
+        return module, len(LAYERS)
     top = module.split(".")[1]
     return top, LAYERS[top]
 
@@ -108,7 +125,10 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every cycle found by a depth-first walk of ``graph``."""
-    edges = {m: {t for t in imports if t != "statekeeper"} for m, imports in graph.items()}
+    edges = {
+        m: {t for t in imports if t not in ("statekeeper", "<dynamic>")}
+        for m, imports in graph.items()
+    }
     found: list[list[str]] = []
     state: dict[str, int] = {}
 
@@ -161,8 +181,31 @@ def test_the_checks_catch_what_they_forbid() -> None:
     }
     assert len(upward_imports(bad)) == 3
     assert upward_imports({"statekeeper.cli.main": {"statekeeper.checkpoint.save"}}) == []
+    assert upward_imports({"statekeeper.checkpoint.save": {"<dynamic>"}}) != []
     loop = {
         "statekeeper.state.a": {"statekeeper.state.b"},
         "statekeeper.state.b": {"statekeeper.state.a"},
     }
     assert cycles(loop) == [["statekeeper.state.a", "statekeeper.state.b", "statekeeper.state.a"]]
+
+
+def test_dynamic_and_relative_imports_are_seen(tmp_path: Path) -> None:
+    code = (
+        "import importlib\n"
+        "from importlib import import_module\n"
+        "def f(x):\n"
+        "    import_module('.save', 'statekeeper.distributed')\n"
+        "    __import__('statekeeper.interop.reading')\n"
+        "    importlib.import_module('statekeeper.' + x)\n"
+        "    from ..data import loader\n"
+    )
+    path = tmp_path / "probe.py"
+    path.write_text(code)
+    seen = _imported("statekeeper.checkpoint.probe", path)
+    assert {
+        "statekeeper.distributed.save",
+        "statekeeper.distributed",  # its __init__ runs first
+        "statekeeper.interop.reading",
+        "statekeeper.data.loader",
+        "<dynamic>",
+    } <= seen

@@ -31,7 +31,9 @@ working in code that does not know statekeeper. Messages name the key, file or s
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Sequence
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "WriterConflictError",
     "error_class",
     "error_kinds",
+    "user_stacklevel",
 ]
 
 
@@ -233,3 +236,20 @@ def error_kinds(exc: BaseException) -> tuple[str, ...]:
     if isinstance(exc, RankFailure):
         return exc.kinds
     return tuple(getattr(exc, "rank_kinds", (type(exc).__name__,)))
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the first caller outside statekeeper
+    (the user's line), however deep inside the library the warning is raised. Call it from
+    the function that calls ``warnings.warn``."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _PACKAGE
+    ):
+        frame = frame.f_back
+        level += 1
+    return level

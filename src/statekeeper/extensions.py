@@ -9,8 +9,11 @@ registering with the core's tables (:mod:`statekeeper.checkpoint.adapters`,
 
 Registration must happen before the first save or load, whatever the user imported. The
 package root, which sits above every layer, hands this module one *installer* at import
-time; the core calls :func:`install` before it consults a table, which runs each installer
-once. This module imports nothing (it is below every layer), and so never imports torch.
+time; the core calls :func:`install` before it consults a table. :func:`install` returns
+only once every installer has run: a thread that arrives while another installs waits for
+it, an installer that raises stays pending (the next call runs it again), and a call made
+from inside an installer returns at once. This module imports nothing (it is below every
+layer), and so never imports torch.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from collections.abc import Callable
 __all__ = ["add_installer", "install"]
 
 _pending: list[Callable[[], None]] = []
-_lock = threading.Lock()
+_lock = threading.RLock()
+_installing = threading.local()
 
 
 def add_installer(installer: Callable[[], None]) -> None:
@@ -34,7 +38,13 @@ def install() -> None:
     """Run the installers not run yet, in the order they were added."""
     if not _pending:  # the common case, without the lock
         return
+    if getattr(_installing, "active", False):
+        return  # called from an installer of this thread: its tables fill as it goes
     with _lock:
-        while _pending:
-            installer = _pending.pop(0)
-            installer()
+        _installing.active = True
+        try:
+            while _pending:
+                _pending[0]()
+                _pending.pop(0)  # only once it succeeded
+        finally:
+            _installing.active = False

@@ -64,10 +64,11 @@ def test_a_damaged_newest_step_is_skipped_with_a_warning(tmp_path: Path) -> None
     x = sk.Value(0)
     with (
         sk.Checkpointer(tmp_path) as ckpt,
-        pytest.warns(sk.StatekeeperWarning, match="damaged step 2"),
+        pytest.warns(sk.StatekeeperWarning, match="damaged step 2") as caught,
     ):
         assert ckpt.restore_latest({"x": x}) == 1
     assert x.value == 1
+    assert caught[0].filename == __file__  # attributed to the caller's line
 
 
 def test_maybe_save_follows_the_policy_and_skips_committed_steps(tmp_path: Path) -> None:

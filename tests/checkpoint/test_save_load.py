@@ -43,8 +43,9 @@ def test_self_overlapping_buffers_load_where_torch_fails(tmp_path: Path) -> None
         Grid().load_state_dict(saved.state_dict())
     sk.save(tmp_path, {"grid": saved}, step=1)
     fresh = Grid()
-    with pytest.warns(sk.StatekeeperWarning, match="grid/row"):
+    with pytest.warns(sk.StatekeeperWarning, match="grid/row") as caught:
         info = sk.load(tmp_path, {"grid": fresh})
+    assert caught[0].filename == __file__  # attributed to the caller's line
     assert set(info.replaced) == {"grid/row", "grid/xs"}
     assert_state_equal(fresh.state_dict(), saved.state_dict())
     assert fresh.row.stride() == (4, 1)

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statekeeper.format.safetensors_io import DTYPE_CODES, layout, parse, stream
+from statekeeper.format.safetensors_io import layout, parse, stream
+from statekeeper.format.torch_dtypes import DTYPE_CODES
 
 DTYPES = sorted(DTYPE_CODES, key=str)
 
@@ -84,9 +85,8 @@ def test_malformed_files_are_value_errors(edit: object) -> None:
 
 
 def test_the_torch_free_dtype_table_agrees_with_torch() -> None:
-    from statekeeper.format.dtypes import CODE_OF, ITEMSIZE
-    from statekeeper.format.safetensors_io import DTYPE_CODES
-    from statekeeper.format.tensors import dtype_name
+    from statekeeper.format.dtypes import CODE_OF, ITEMSIZE, dtype_name
+    from statekeeper.format.torch_dtypes import DTYPE_CODES
 
     assert {dtype_name(d): code for d, code in DTYPE_CODES.items()} == CODE_OF
     assert {dtype_name(d): d.itemsize for d in DTYPE_CODES} == ITEMSIZE

@@ -11,7 +11,7 @@ import torch
 import statekeeper as sk
 from statekeeper.averaging.offline import average_checkpoints
 from statekeeper.checkpoint.location import locate
-from statekeeper.storage.base import Capabilities, Storage
+from statekeeper.storage.base import Capabilities, Storage, capabilities_of
 from statekeeper.storage.fsspec import FsspecStorage
 from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.memory import MemoryStorage
@@ -91,3 +91,50 @@ def test_offline_averaging_asks_the_capability_not_the_class(tmp_path: Path) -> 
         sk.save(storage, {"model": {"w": torch.full((3,), float(i))}}, step=1)
     info = average_checkpoints(memories, tmp_path / "out")  # type: ignore[arg-type]
     assert torch.equal(sk.read(info.path)["model"]["w"], torch.full((3,), 0.5))
+
+
+class _EarlierBackend:
+    """A backend written for an earlier release: the protocol's members without the
+    optional ``capabilities`` and ``exists`` (it delegates to a memory storage)."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStorage()
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("capabilities", "exists"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def describe(self, entry: str = "", name: str = "") -> str:
+        return self._inner.describe(entry, name)
+
+    def entries(self) -> list[str]:
+        return self._inner.entries()
+
+    def files(self, entry: str) -> list[str]:
+        return self._inner.files(entry)
+
+    def read(self, entry: str, name: str) -> object:
+        return self._inner.read(entry, name)
+
+    def size(self, entry: str, name: str) -> int:
+        return self._inner.size(entry, name)
+
+    def begin(self, entry: str, *, replace: bool = False) -> object:
+        return self._inner.begin(entry, replace=replace)
+
+    def remove(self, entry: str) -> None:
+        self._inner.remove(entry)
+
+    def writer_lock(self) -> object:
+        return self._inner.writer_lock()
+
+
+def test_a_backend_without_the_optional_members_still_saves_and_loads() -> None:
+    backend = _EarlierBackend()
+    assert isinstance(backend, Storage)
+    assert capabilities_of(backend) == Capabilities()
+    sk.save(backend, {"w": torch.arange(3.0)}, step=1)  # type: ignore[arg-type]
+    live = {"w": torch.zeros(3)}
+    assert sk.load(backend, live).step == 1  # type: ignore[arg-type]
+    assert torch.equal(live["w"], torch.arange(3.0))

@@ -14,6 +14,7 @@ from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_header import Header
 from statekeeper.format.safetensors_io import parse
+from statekeeper.storage.base import capabilities_of
 
 __all__ = ["Shards", "file_of"]
 
@@ -45,7 +46,7 @@ class Shards:
     """
 
     def __init__(self, location: Location, manifest: Manifest) -> None:
-        if not location.storage.capabilities.local_reads:
+        if not capabilities_of(location.storage).local_reads:
             raise InvalidArgumentError("average_checkpoints reads local checkpoints only")
         self._location = location
         self._manifest = manifest

@@ -69,13 +69,12 @@ class Kind(StrEnum):
     REPLICATED = "replicated"
 
 
-class Capturing:
-    """What a capture may need besides its own entry: the whole state, whose modules name the
-    parameters an optimizer's state is keyed by (computed once, on first use)."""
+class _ParameterNames:
+    """The names of the parameters of the state's modules, computed once, on first use: an
+    optimizer's state is keyed by them."""
 
-    def __init__(self, state: Mapping[str, Any]) -> None:
-        self.state = state
-        self._names: dict[int, str] | None = None
+    state: Mapping[str, Any]
+    _names: dict[int, str] | None = None
 
     def parameter_names(self) -> Mapping[int, str]:
         if self._names is None:
@@ -83,8 +82,15 @@ class Capturing:
         return self._names
 
 
+class Capturing(_ParameterNames):
+    """What a capture may need besides its own entry: the whole state."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self.state = state
+
+
 @dataclass
-class Restoring:
+class Restoring(_ParameterNames):
     """A load's options, and what its adapters report back: the entries whose direct copy
     plan held at check time, the plain values to assign back, and live tensors that
     overlapped themselves and were given their own memory."""
@@ -96,11 +102,6 @@ class Restoring:
     values: dict[str, Any] = field(default_factory=dict)
     replaced: list[str] = field(default_factory=list)
     _names: dict[int, str] | None = None
-
-    def parameter_names(self) -> Mapping[int, str]:
-        if self._names is None:
-            self._names = parameter_names(self.state)
-        return self._names
 
 
 def _no_problems(name: str, obj: Any, saved: Any, ctx: Restoring) -> tuple[Any, list[str]]:
@@ -129,6 +130,12 @@ class Adapter:
     restore: Callable[[str, Any, Any, Restoring], None]
     check: Callable[[str, Any, Any, Restoring], tuple[Any, list[str]]] = _no_problems
     generators: Callable[[Any], Iterable[object]] = _no_generators
+
+    @property
+    def assigns_back(self) -> bool:
+        """Whether a load assigns the saved value into the caller's mapping (a plain value,
+        which cannot be restored in place) instead of restoring the object."""
+        return self.restore is _restore_plain
 
 
 # --- built-in adapters ------------------------------------------------------------------

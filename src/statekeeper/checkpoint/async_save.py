@@ -14,6 +14,7 @@ may change the model as soon as ``submit`` returns.
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
@@ -181,8 +182,8 @@ class AsyncWriter:
         ``lock`` is held by the background write until it ends."""
         self.wait()
         check_step(storage, step, options.overwrite)
-        with collector_paused():
-            snapshot = replace(prepared, stored=self._stage(prepared))
+        with collector_paused():  # boxed: dropped once written, even if a traceback stays
+            snapshot = [replace(prepared, stored=self._stage(prepared))]
         stack = ExitStack()
         if lock is not None:
             stack.enter_context(lock)
@@ -191,13 +192,16 @@ class AsyncWriter:
         def run() -> None:
             try:
                 with stack:
-                    info = commit(storage, snapshot, step=step, options=options)
+                    info = commit(storage, snapshot[0], step=step, options=options)
                     if on_commit is not None:
                         on_commit(info)
                 pending._info = info
             except BaseException as exc:  # kept and raised on the caller's next call
+                # the traceback stays, its frames' locals go: they hold the staged tensors
+                traceback.clear_frames(exc.__traceback__)
                 pending._error = exc
             finally:
+                snapshot.clear()
                 if self._release:
                     self._staging = self._staged = None
                 pending._done.set()

@@ -35,6 +35,7 @@ from statekeeper.errors import (
     StepNotFoundError,
     error_class,
     error_kinds,
+    user_stacklevel,
 )
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.optimizer import OptimizerChange
@@ -168,7 +169,7 @@ class Checkpointer:
                 warnings.warn(
                     f"statekeeper: skipping {what} step {parsed.step}: {exc}",
                     StatekeeperWarning,
-                    stacklevel=2,
+                    stacklevel=user_stacklevel(),
                 )
                 continue
             if isinstance(state, MutableMapping):  # plain values, as load assigns them
@@ -196,7 +197,7 @@ class Checkpointer:
                 "run directory statekeeper saves into (to start from a foreign checkpoint, "
                 "load statekeeper.read(path) into the model first).",
                 StatekeeperWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
 
     def maybe_save(
@@ -219,20 +220,27 @@ class Checkpointer:
     ) -> CheckpointInfo | PendingSave:
         """Save now (RNG included), then apply retention (in the background if async)."""
         self._check_open()
+        full = self._with_rng(state)
+        # a job-wide save is blocking (also for a Checkpointer made before the process group)
+        writer = None if is_distributed(self._scope, full) else self._writer
         result = save_state(
             self.storage,
-            self._with_rng(state),
+            full,
             step=step,
             metrics=metrics,
             options=self._options,
             scope=self._scope,
-            writer=self._writer,
-            on_commit=self._committed,
+            writer=writer,
+            on_commit=self._retention if writer is not None else self._committed,
         )
         self._last_save = self._clock()
         return result
 
     def _committed(self, info: CheckpointInfo) -> None:
+        self._last_save = self._clock()  # the step is saved, whatever retention does next
+        self._retention(info)
+
+    def _retention(self, info: CheckpointInfo) -> None:
         if self._leader:  # in a job, rank 0 applies retention for everyone
             self._retain(info.step)
 

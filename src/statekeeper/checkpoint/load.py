@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from statekeeper.checkpoint.adapters import OPTIMIZER, PLAIN, RNG, Restoring, adapter_for
+from statekeeper.checkpoint.adapters import Kind, Restoring, adapter_for
 from statekeeper.checkpoint.checks import Strict, entry_problems
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.gc_pause import collector_paused
@@ -20,6 +20,7 @@ from statekeeper.errors import (
     KeyMismatchError,
     LoadStateError,
     StatekeeperWarning,
+    user_stacklevel,
 )
 from statekeeper.state.optimizer import OptimizerChange
 
@@ -36,7 +37,7 @@ __all__ = [
 def _is_plain(obj: Any) -> bool:
     """Whether ``obj`` is a plain value that cannot be restored in place (an int, a str, a
     tuple...): ``load`` assigns its saved value into the caller's mapping instead."""
-    return adapter_for(obj) is PLAIN
+    return adapter_for(obj).assigns_back
 
 
 def check_assignable(state: Mapping[str, Any]) -> None:
@@ -66,7 +67,7 @@ def restore_entry(name: str, obj: Any, value: Any, ctx: Restoring) -> None:
 def restore_order(state: Mapping[str, Any]) -> list[str]:
     """The names of ``state`` in the order they are restored: RNG last, as nothing loaded
     after it may draw from the generators it restores."""
-    return sorted(state, key=lambda n: adapter_for(state[n]) is RNG)
+    return sorted(state, key=lambda n: adapter_for(state[n]).kind is Kind.RNG)
 
 
 def load(
@@ -121,7 +122,7 @@ def _plan(prepared: dict[str, Any], ctx: Restoring) -> tuple[dict[str, Any], lis
     problems = entry_problems(prepared, state, ctx.strict)
     adapters = {name: adapter_for(obj) for name, obj in state.items() if name in prepared}
     # optimizers last: their mismatches are listed after those of the modules they follow
-    for name in sorted(adapters, key=lambda n: adapters[n] is OPTIMIZER):
+    for name in sorted(adapters, key=lambda n: adapters[n].kind is Kind.OPTIMIZER):
         prepared[name], found = adapters[name].check(name, state[name], prepared[name], ctx)
         problems += found
     return prepared, problems
@@ -149,7 +150,7 @@ def _load_local(
             "(built with expand/meshgrid) and were given their own memory to load into: "
             + ", ".join(ctx.replaced),
             StatekeeperWarning,
-            stacklevel=3,  # the caller of load()
+            stacklevel=user_stacklevel(),
         )
     return RestoreInfo(
         verified.manifest.step, verified.location.path(), ctx.values, tuple(ctx.replaced)

@@ -9,7 +9,7 @@ from pathlib import Path
 from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry, step_entry
 from statekeeper.errors import InvalidArgumentError, StepNotFoundError
 from statekeeper.format.manifest import MANIFEST
-from statekeeper.storage.base import Storage
+from statekeeper.storage.base import Storage, capabilities_of
 from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.urls import is_url, storage_for_url
 
@@ -123,7 +123,7 @@ def locate(directory: PathOrStorage, step: int | None) -> Location:
             raise InvalidArgumentError(f"{path} is a single step; do not pass step={step}")
         return Location(LocalStorage(path.parent), path.name, parsed.step if parsed else -1)
     storage = resolve_storage(directory)
-    if storage.capabilities.directories and not storage.exists():
+    if capabilities_of(storage).directories and not storage.exists():  # type: ignore[attr-defined]
         raise StepNotFoundError(
             f"{storage.describe()} does not exist: no run or step directory at that path "
             "(check the path and the working directory)"

@@ -9,12 +9,13 @@ part.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Literal, overload
 
-from statekeeper.checkpoint.adapters import RNG, Capturing, Kind, adapter_for
+from statekeeper.checkpoint.adapters import Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.info import CheckpointInfo
@@ -62,7 +63,7 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
     ctx = Capturing(state)
     captured: dict[str, Any] = {}
     # RNG first: a state_dict() that draws random numbers must not change what is saved
-    for name in sorted(state, key=lambda n: adapters[n] is not RNG):
+    for name in sorted(state, key=lambda n: adapters[n].kind is not Kind.RNG):
         captured[name] = adapters[name].capture(name, state[name], ctx)
     return {name: captured[name] for name in state}
 
@@ -124,17 +125,19 @@ def save_state(
 # A one-off background save per run directory, until it is reported: the next save there
 # waits for it and raises its error. Writers that are done and reported are dropped.
 _in_flight: dict[str, AsyncWriter] = {}
+_in_flight_lock = threading.Lock()
 
 
 def _one_off_writer(storage: Storage) -> AsyncWriter:
-    for key, writer in list(_in_flight.items()):
-        if writer.idle():
-            del _in_flight[key]
-    previous = _in_flight.pop(storage.describe(), None)
-    if previous is not None:
-        previous.wait()  # one save in flight per directory; raises its error if it failed
-    writer = _in_flight[storage.describe()] = AsyncWriter(Staging.RELEASE)
-    return writer
+    with _in_flight_lock:
+        for key, writer in list(_in_flight.items()):
+            if writer.idle():
+                del _in_flight[key]
+        previous = _in_flight.pop(storage.describe(), None)
+        if previous is not None:
+            previous.wait()  # one save in flight per directory; raises its error if it failed
+        writer = _in_flight[storage.describe()] = AsyncWriter(Staging.RELEASE)
+        return writer
 
 
 @overload

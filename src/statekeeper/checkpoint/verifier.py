@@ -22,6 +22,7 @@ from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.progress import Progress
+from statekeeper.storage.base import capabilities_of
 
 __all__ = [
     "THREAD_FROM",
@@ -138,7 +139,7 @@ class Verifier:
 
     def start_early(self) -> None:
         storage, entry = self._location.storage, self._location.entry
-        if not storage.capabilities.local_reads:  # elsewhere a read is a download: not blind
+        if not capabilities_of(storage).local_reads:  # elsewhere a read is a download: not blind
             return
         try:
             names = [n for n in storage.files(entry) if n.endswith(".safetensors")]

@@ -24,9 +24,10 @@ from statekeeper.errors import (
 )
 from statekeeper.format.aliases import Alias, plan_sharing
 from statekeeper.format.checksum import Hasher
+from statekeeper.format.dtypes import dtype_name
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
 from statekeeper.format.safetensors_io import ShardLayout, layout, stream
-from statekeeper.format.tensors import dtype_name, plan_shards
+from statekeeper.format.tensors import plan_shards
 from statekeeper.format.values import Json, encode_value
 from statekeeper.state.tree import flatten
 from statekeeper.storage.base import FileWriter, Storage, Transaction

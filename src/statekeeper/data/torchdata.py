@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from statekeeper.errors import InvalidArgumentError, StatekeeperWarning
+from statekeeper.errors import InvalidArgumentError, StatekeeperWarning, user_stacklevel
 
 __all__ = [
     "UNRESUMABLE_SAMPLERS",
@@ -107,7 +107,7 @@ def _warn_worker_randomness(name: str, loader: Any) -> None:
             "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...); if it does not, "
             "ignore this warning.",
             StatekeeperWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 

@@ -48,9 +48,11 @@ from statekeeper.errors import (
     RankFailure,
     StatekeeperError,
     StatekeeperWarning,
+    user_stacklevel,
 )
+from statekeeper.format.dtypes import dtype_from_name
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.sharding import ShardedRecord, dtype_from_name
+from statekeeper.format.sharding import ShardedRecord
 from statekeeper.state.tree import flatten, unflatten
 from statekeeper.storage.base import Storage
 
@@ -263,6 +265,6 @@ def _apply_all(
             f"{manifest.step} was saved by {saved_world} process(es) and holds no per-rank state "
             f"for rank {rank}. Reseed and rebuild data loaders for the new world size.",
             StatekeeperWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
     return RestoreInfo(manifest.step, plan.location.path(), ctx.values, ())

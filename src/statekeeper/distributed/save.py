@@ -33,9 +33,9 @@ from statekeeper.distributed.dcp_storage import ChunkWriter, sharded_records
 from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather
 from statekeeper.distributed.state import capture_distributed, split
 from statekeeper.errors import InvalidArgumentError, RankFailure, StatekeeperError
+from statekeeper.format.dtypes import dtype_name
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
 from statekeeper.format.sharding import ShardedRecord, Sharding
-from statekeeper.format.tensors import dtype_name
 from statekeeper.format.values import Json
 from statekeeper.state.tree import flatten
 from statekeeper.storage.base import FileWriter, SharedStorage, Storage, Transaction

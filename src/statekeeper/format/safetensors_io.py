@@ -32,7 +32,7 @@ from statekeeper.format.dtypes import CODE_RANK
 from statekeeper.format.safetensors_header import Header, read_header
 from statekeeper.format.torch_dtypes import DTYPE_CODES, DTYPE_OF_CODE
 
-__all__ = ["DTYPE_CODES", "ShardLayout", "layout", "parse", "stream"]
+__all__ = ["ShardLayout", "layout", "parse", "stream"]
 
 _DIRECT = 1 << 20  # tensors this large are written from their own memory, not staged
 STAGING = 8 << 20  # small tensors are coalesced into writes of this size

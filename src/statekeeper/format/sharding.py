@@ -32,7 +32,6 @@ __all__ = [
     "ShardedRecord",
     "Sharding",
     "assemble",
-    "dtype_from_name",
     "tiling_problem",
 ]
 

@@ -14,10 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from statekeeper.format.dtypes import dtype_name
-from statekeeper.format.torch_dtypes import SUPPORTED_DTYPES
-
-__all__ = ["SUPPORTED_DTYPES", "Shard", "dtype_name", "plan_shards"]
+__all__ = ["Shard", "plan_shards"]
 
 DEFAULT_SHARD_BYTES = 1 << 30
 

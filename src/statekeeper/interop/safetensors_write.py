@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from statekeeper.errors import UnsupportedValueError
+from statekeeper.errors import InvalidArgumentError, UnsupportedValueError
 from statekeeper.format.aliases import tie_plan
 from statekeeper.format.safetensors_io import layout, stream
 from statekeeper.format.torch_dtypes import SUPPORTED_DTYPES
@@ -59,7 +59,10 @@ def write_safetensors(
             raise UnsupportedValueError(name, t, f"tensors of dtype {t.dtype}")
     for alias, base in (aliases or {}).items():
         if base not in stored or alias in stored:
-            raise ValueError(f"alias {alias!r} must name a stored tensor, not {base!r}")
+            raise InvalidArgumentError(
+                f"alias {alias!r} must name a stored tensor, not {base!r}: pass aliases from "
+                "tie_plan(stored)"
+            )
     meta = dict(metadata or {})
     if aliases:
         meta[ALIASES_KEY] = json.dumps(dict(aliases), sort_keys=True)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from statekeeper.errors import UnsupportedValueError
-from statekeeper.format.tensors import SUPPORTED_DTYPES
+from statekeeper.format.torch_dtypes import SUPPORTED_DTYPES
 from statekeeper.format.values import Json, decode_value, encode_value
 
 __all__ = ["Flat", "flatten", "unflatten"]

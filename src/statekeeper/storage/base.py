@@ -17,7 +17,7 @@ only regular files and raises ``CorruptCheckpointError`` for anything else.
 ``remove(entry)`` deletes a whole entry (retention, clean-up).
 
 Backends differ in what a read costs and in whether a run directory exists apart from its
-entries; each says so in its :class:`Capabilities` (``storage.capabilities``), and callers
+entries; each says so in its :class:`Capabilities` (:func:`capabilities_of`), and callers
 ask it, never the backend's class.
 """
 
@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "Capabilities",
+    "capabilities_of",
     "EntryWriter",
     "FileWriter",
     "SharedStorage",
@@ -109,26 +110,24 @@ class Transaction(FileWriter, Protocol):
         ...
 
 
+def capabilities_of(storage: object) -> Capabilities:
+    """What ``storage`` declares it can do (its ``capabilities``), or nothing special."""
+    declared = getattr(storage, "capabilities", None)
+    return declared if isinstance(declared, Capabilities) else Capabilities()
+
+
 @runtime_checkable
 class Storage(Protocol):
     """A run directory: entries of files, written through transactions.
 
-    ``capabilities`` declares how the backend differs from the others (see
-    :class:`Capabilities`); every backend sets it, usually as a class attribute.
+    Two members are optional, so that a backend written for an earlier release keeps
+    working: ``capabilities``, a :class:`Capabilities` (absent: none; read it with
+    :func:`capabilities_of`), and ``exists()``, which a backend that declares
+    ``directories`` must have (whether the run directory exists).
     """
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """What the backend does cheaply or at all (see :class:`Capabilities`)."""
-        ...
 
     def describe(self, entry: str = "", name: str = "") -> str:
         """A human-readable location for messages (a path or URL)."""
-        ...
-
-    def exists(self) -> bool:
-        """Whether the run directory exists. Asked only where ``capabilities.directories``;
-        a backend without directories answers whether anything is stored under it."""
         ...
 
     def entries(self) -> list[str]:

@@ -1,0 +1,54 @@
+"""A one-off background save frees its host copy once the step is written, failed or not;
+the next save into the same directory reports the failure once."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+import torch
+
+import statekeeper as sk
+from statekeeper.storage.memory import MemoryStorage
+
+ODD = 12_347  # a size no other tensor of the test process has
+
+
+def _staged_copies(original: torch.Tensor) -> list[torch.Tensor]:
+    gc.collect()
+    with warnings.catch_warnings():  # some lazily deprecated objects warn on isinstance
+        warnings.simplefilter("ignore")
+        return [
+            obj
+            for obj in gc.get_objects()
+            if isinstance(obj, torch.Tensor) and obj.numel() == ODD and obj is not original
+        ]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_staging_copy_is_freed_once_written(fails: bool) -> None:
+    x = torch.arange(ODD, dtype=torch.float32)
+    storage = MemoryStorage(name=f"memory://release-{fails}")
+    if fails:
+        storage.fail_at = storage.operations + 3
+    pending = sk.save(storage, {"x": x}, step=1, blocking=False)
+    if fails:
+        with pytest.raises(sk.InjectedFailure) as caught:
+            pending.wait()
+        assert caught.value.__traceback__ is not None  # the traceback is kept for the user
+    else:
+        pending.wait()
+    assert _staged_copies(x) == []
+    sk.save(storage, {"x": x}, step=2, blocking=False).wait()  # reported once: not again
+    assert _staged_copies(x) == []
+
+
+def test_an_unreported_failure_is_raised_by_the_next_save_there() -> None:
+    storage = MemoryStorage(name="memory://unreported")
+    storage.fail_at = storage.operations + 3
+    sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)._done.wait()
+    with pytest.raises(sk.InjectedFailure):
+        sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False)
+    sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False).wait()
+    assert [c.step for c in sk.list_checkpoints(storage)] == [2]

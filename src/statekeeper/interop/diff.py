@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.format.aliases import view_key
 from statekeeper.format.dtypes import dtype_name
 from statekeeper.interop.tied import TiedKeys, drop_tied
 from statekeeper.interop.tree import (
@@ -81,10 +82,10 @@ class DiffResult:
 
 
 def _view(t: torch.Tensor) -> tuple[Any, ...]:
-    """What decides a tensor's elements: its address, shape, strides, dtype and the lazy
-    conjugate and negative bits (views that share memory but not values)."""
-    address = t.data_ptr() if t.device.type != "meta" else id(t)
-    return (t.device, address, t.shape, t.stride(), t.dtype, t.is_conj(), t.is_neg())
+    """What decides a tensor's elements: the view of memory it is (``view_key``) and the
+    lazy conjugate and negative bits (views that share memory but not values)."""
+    key = view_key(t)
+    return (id(t) if key is None else key, t.is_conj(), t.is_neg())
 
 
 def _unrepeated(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +99,9 @@ def _unrepeated(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` (same shape and dtype) hold bitwise-equal values, nan aside:
-    one pass, and no float64 copies, for the common case of equal tensors."""
+    """Whether ``a`` and ``b`` (same shape and dtype) hold equal values (as numbers: -0.0
+    equals 0.0, as in the tolerance check; NaNs go to that check): one pass, and no float64
+    copies, for the common case of equal tensors."""
     try:
         return bool(torch.equal(a, b))
     except (RuntimeError, TypeError, NotImplementedError):  # a dtype equal does not support

@@ -28,6 +28,7 @@ from statekeeper.doctor.rules._probe import (
     persistent_buffers,
     seed_all,
 )
+from statekeeper.format.aliases import storage_key
 from statekeeper.state.compare import NUMERIC, same
 
 __all__ = ["DerivedConstant"]
@@ -37,9 +38,7 @@ _SEEDS = (1, 2)
 
 def _persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Floating or integer persistent buffers that are not a parameter's alias."""
-    storages = {
-        p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
-    }
+    storages = {storage_key(p) for p in model.parameters()} - {None}
     out = {}
     for name, buf in persistent_buffers(model).items():
         if (
@@ -47,7 +46,7 @@ def _persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             and (buf.is_floating_point() or (not buf.is_complex() and buf.dtype != torch.bool))
             and buf.numel() > 0
             and buf.device.type != "meta"
-            and buf.untyped_storage().data_ptr() not in storages
+            and storage_key(buf) not in storages
         ):
             out[name] = buf
     return out

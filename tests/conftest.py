@@ -1,10 +1,39 @@
-"""Shared fixtures: small deterministic models and states."""
+"""Shared fixtures: small deterministic models and states; cheap child interpreters."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+import pytest
 import torch
+from tests.helpers import launcher
+
+LAUNCHING_LIBRARY_MODULES = ("statekeeper.testing", "statekeeper.doctor.rules.registration_order")
+"""Library modules that start Python children with ``subprocess``: in the tests, their
+children are forked from pre-started interpreters (tests/helpers/launcher.py), unless a test
+is marked ``fresh_interpreters``."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "fresh_interpreters: the library's children start as new interpreters, not forked "
+        "from the tests' pre-started ones (tests/helpers/launcher.py)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _forked_children(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("fresh_interpreters"):
+        return
+    for name in LAUNCHING_LIBRARY_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # broken or moved: the tests that use it say so themselves
+            continue
+        if hasattr(module, "subprocess"):
+            monkeypatch.setattr(module, "subprocess", launcher.subprocess)
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:

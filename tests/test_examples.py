@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers import launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
     ],
 )
 def test_example_runs_and_makes_its_claim(script: str, claim: str) -> None:
-    done = subprocess.run(
-        [sys.executable, script], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
-    )
+    done = launcher.run(  # forked with torch imported, and so are the example's own children
+        [sys.executable, script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        check=False, fork_children=True,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert claim in " ".join(done.stdout.split())

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.conftest import assert_state_equal
+from tests.helpers import launcher
 from tests.helpers.saver import state_for
 
 import statekeeper as sk
@@ -93,7 +94,7 @@ def test_sigkill_during_async_saves_leaves_the_previous_step_loadable(tmp_path: 
     rng = random.Random(7)
     next_step = 0
     for _ in range(6):
-        child = subprocess.Popen(
+        child = launcher.Popen(  # forked with torch imported: a process of its own all the same
             [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), "async"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip

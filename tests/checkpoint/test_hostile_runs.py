@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from tests.conftest import assert_state_equal
+from tests.helpers import launcher
 from tests.helpers.hostile import ENTRY, saved_run, small_state
 from tests.helpers.saver import state_for
 
@@ -61,7 +62,7 @@ def test_sigkill_during_retention_never_leaves_a_listed_step_that_fails(tmp_path
     next_step = 0
     for kill in range(10):
         mode = "async" if kill % 2 else "sync"
-        child = subprocess.Popen(
+        child = launcher.Popen(  # forked with torch imported: a process of its own all the same
             [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), mode,
              "keep"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,

@@ -1,4 +1,8 @@
-"""Real kills: a process saving in a loop is SIGKILLed at random instants."""
+"""Real kills: a process saving in a loop is SIGKILLed at random instants.
+
+The saving processes are forked from a pre-started interpreter (tests/helpers/launcher.py): each
+is a process of its own, really SIGKILLed; only the seconds of importing torch are saved.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import assert_state_equal
+from tests.helpers import launcher
 from tests.helpers.saver import state_for
 
 import statekeeper as sk
@@ -24,7 +29,7 @@ def test_sigkill_at_random_instants_always_leaves_the_newest_committed_step_load
     next_step = 0
     partial_seen = 0
     for kill in range(KILLS):
-        child = subprocess.Popen(
+        child = launcher.Popen(
             [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step)],
             cwd=ROOT,
             stdout=subprocess.PIPE,

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(mode: str, directory: Path, workers: int, hash_seed: int) -> dict[str, Any]:
-    done = subprocess.run(
+    done = launcher.run(  # forked from an interpreter started with this PYTHONHASHSEED
         [sys.executable, "-m", "tests.helpers.loader_order", mode, str(directory), str(workers)],
         cwd=ROOT,
         env={**os.environ, "PYTHONHASHSEED": str(hash_seed)},

@@ -10,7 +10,6 @@ import json
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.helpers import launcher
 
 import statekeeper as sk
 from statekeeper.cli.main import main as cli
@@ -35,7 +35,7 @@ def launch(scenario: str, world: int, run: Path, out: Path) -> list[int]:
         port = s.getsockname()[1]
     args = [sys.executable, "-m", "tests.helpers.dist_workers", scenario]
     procs = [
-        subprocess.Popen([*args, str(r), str(world), str(port), str(run), str(out)], cwd=ROOT)
+        launcher.Popen([*args, str(r), str(world), str(port), str(run), str(out)], cwd=ROOT)
         for r in range(world)
     ]
     try:

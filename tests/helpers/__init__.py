@@ -1,1 +1,1 @@
-"""Programs the tests run in subprocesses."""
+"""Programs the tests run in subprocesses, and the fork servers that start them cheaply."""

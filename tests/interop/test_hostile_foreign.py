@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
+from tests.helpers import launcher
 from tests.interop import formats
 from tests.interop.formats import (
     TIB4,
@@ -140,7 +141,7 @@ def in_child(mode: str, arg: str) -> dict[str, Any]:
     "cli") in a child whose address space may grow by 2 GiB at most."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "1000"}
     try:
-        done = subprocess.run(
+        done = launcher.run(  # forked with the imports done; the cap is set after them
             [sys.executable, "-c", CHILD, mode, arg],
             capture_output=True, text=True, timeout=4 * TIMEOUT, env=env, check=False,
         )  # fmt: skip

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from tests.conftest import trained
+from tests.helpers import launcher
 
 import statekeeper as sk
 
@@ -84,7 +84,7 @@ def test_every_name_and_shape_mismatch_is_listed_and_nothing_loads(tmp_path: Pat
 
 
 def _set_order(mode: str, directory: Path, hash_seed: int) -> dict[str, float]:
-    out = subprocess.run(
+    out = launcher.run(  # forked from an interpreter started with this PYTHONHASHSEED
         [sys.executable, "-m", "tests.helpers.set_order", mode, str(directory)],
         cwd=ROOT,
         env={**os.environ, "PYTHONHASHSEED": str(hash_seed)},

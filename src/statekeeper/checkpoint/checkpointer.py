@@ -233,7 +233,8 @@ class Checkpointer:
             writer=writer,
             on_commit=self._retention if writer is not None else self._committed,
         )
-        self._last_save = self._clock()
+        if writer is not None:  # a blocking save set the clock when it committed
+            self._last_save = self._clock()
         return result
 
     def _committed(self, info: CheckpointInfo) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.helpers.no_torch import REFUSE_TORCH
 
 import statekeeper as sk
 from statekeeper.checkpoint.inspection import (
@@ -243,15 +244,9 @@ def test_verify_of_a_storage_and_progress_over_all_steps(run: Path) -> None:
     assert verify(storage, step=2).steps == report.steps[1:]
 
 
-CHILD = r"""
-import sys
-
-class Refuse:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "numpy"):
-            raise ImportError(f"{name} was imported")
-
-sys.meta_path.insert(0, Refuse())
+CHILD = (
+    REFUSE_TORCH
+    + r"""
 from statekeeper.interop.inspection import inspect
 from statekeeper.interop.verification import verify
 
@@ -260,6 +255,7 @@ assert report.step == 2 and report.totals.tensors == 4, report
 assert verify(sys.argv[1], progress=lambda done, total: None).ok
 print("ok")
 """
+)
 
 
 def test_inspect_and_verify_of_statekeeper_steps_import_neither_torch_nor_numpy(

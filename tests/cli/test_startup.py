@@ -12,21 +12,17 @@ import sys
 from pathlib import Path
 
 import torch
+from tests.helpers.no_torch import REFUSE_TORCH
 
 import statekeeper as sk
 
-CHILD = r"""
-import sys
-
-class Refuse:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "numpy"):
-            raise ImportError(f"{name} was imported")
-
-sys.meta_path.insert(0, Refuse())
+CHILD = (
+    REFUSE_TORCH
+    + r"""
 from statekeeper.cli.main import main
 main(sys.argv[1:])
 """
+)
 
 
 def _run(*args: object) -> subprocess.CompletedProcess[str]:

@@ -96,8 +96,9 @@ def test_worker_randomness_resumes_exactly_at_every_kill_point(
 def test_unwrapped_worker_randomness_is_never_silent(tmp_path: Path, workers: int) -> None:
     loader = _loader(workers, persistent=False, wrapped=False)
     _batches(loader, 2)
-    with pytest.warns(sk.StatekeeperWarning, match="WorkerRNGDataset"):
+    with pytest.warns(sk.StatekeeperWarning, match="WorkerRNGDataset") as caught:
         sk.save(tmp_path, {"loader": loader}, step=1)
+    assert caught[0].filename == __file__  # the user's line, not statekeeper's
 
 
 def test_the_main_process_needs_no_wrapper(tmp_path: Path) -> None:

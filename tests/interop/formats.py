@@ -251,3 +251,14 @@ def deep_tuple_pt(path: Path, depth: int) -> Path:
     data = b"\x80\x02}" + b")" + b"\x85" * depth + b"K\x01s."
     path.write_bytes(rezip({}, pickle=data))
     return path
+
+
+def pickle_global(module: bytes, name: bytes) -> bytes:
+    """The GLOBAL opcode naming ``module.name``: what a hostile pickle asks to import."""
+    return b"c" + module + b"\n" + name + b"\n"
+
+
+def pickle_text(value: str) -> bytes:
+    """The BINUNICODE opcode pushing ``value``."""
+    raw = value.encode()
+    return b"X" + len(raw).to_bytes(4, "little") + raw

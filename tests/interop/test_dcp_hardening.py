@@ -23,13 +23,8 @@ PROTO2 = b"\x80\x02"
 MD = b"torch.distributed.checkpoint.metadata"
 
 
-def glob(module: bytes, name: bytes) -> bytes:
-    return b"c" + module + b"\n" + name + b"\n"
-
-
-def text(value: str) -> bytes:
-    raw = value.encode()
-    return b"X" + len(raw).to_bytes(4, "little") + raw
+glob = formats.pickle_global
+text = formats.pickle_text
 
 
 class Plain:

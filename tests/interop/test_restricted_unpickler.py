@@ -35,13 +35,8 @@ PROTO2 = b"\x80\x02"
 SRC = Path(__file__).resolve().parents[2] / "src" / "statekeeper"
 
 
-def glob(module: bytes, name: bytes) -> bytes:
-    return b"c" + module + b"\n" + name + b"\n"
-
-
-def text(value: str) -> bytes:
-    raw = value.encode()
-    return b"X" + len(raw).to_bytes(4, "little") + raw
+glob = formats.pickle_global
+text = formats.pickle_text
 
 
 class Plain:

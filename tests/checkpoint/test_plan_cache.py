@@ -123,3 +123,38 @@ def test_async_saves_of_a_reused_plan_hold_the_right_values(tmp_path: Path) -> N
         assert torch.equal(weight, torch.full((8, 4), float(step)))
         assert state["model"]["out.weight"].data_ptr() == weight.data_ptr()  # tied again
         assert torch.equal(state["model"]["head"], weight[:4])
+
+
+def test_an_entry_that_changes_every_save_does_not_replan_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from statekeeper.checkpoint import plan_cache
+
+    model = Tied()
+    full = plan_cache._full
+    planned: list[list[str]] = []
+
+    def counting(captured: dict[str, Any]) -> Any:
+        planned.append(list(captured))
+        return full(captured)
+
+    monkeypatch.setattr(plan_cache, "_full", counting)
+    cache = PlanCache()
+    for _ in range(2):
+        state = {"model": model.state_dict(), "rng": sk.RNGState().state_dict(), "step": 3}
+        prepared = prepare(state, cache=cache)
+        reference = prepare(state)
+        assert prepared.skeleton == reference.skeleton
+        assert list(prepared.stored) == list(reference.stored)
+        assert prepared.aliases == reference.aliases
+    assert planned.count(["model"]) == 1  # planned once, then reused
+    assert planned.count(["rng"]) == 2  # numpy's state: never cached
+
+
+def test_entries_that_share_memory_are_planned_together() -> None:
+    weight = torch.arange(12.0).reshape(3, 4)
+    state = {"a": {"w": weight}, "b": {"v": weight[1:]}, "c": {"w": weight}}
+    cached = prepare(state, cache=PlanCache())
+    reference = prepare(state)
+    assert cached.aliases == reference.aliases and list(cached.stored) == list(reference.stored)
+    assert "c/w" in cached.aliases  # stored once across entries

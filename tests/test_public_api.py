@@ -25,7 +25,8 @@ EXPECTED = {
     "CheckpointUnreadableError", "LocationError", "StateMismatchError", "Progress",
     "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
-    "inspect", "verify", "ForeignReport", "StepReport", "StepVerification", "VerifyReport",
+    "OnSignal", "inspect", "verify", "ForeignReport", "StepReport", "StepVerification",
+    "VerifyReport",
 }  # fmt: skip
 
 

@@ -37,6 +37,7 @@ if _typing.TYPE_CHECKING:
         KeepEvery,
         KeepLatest,
         Mode,
+        OnSignal,
         Retention,
         SavePolicy,
     )
@@ -108,6 +109,7 @@ _EXPORTS = {
     "LocalStorage": "statekeeper.storage.local",
     "MemoryStorage": "statekeeper.storage.memory",
     "Mode": "statekeeper.checkpoint.policies",
+    "OnSignal": "statekeeper.checkpoint.policies",
     "OptimizerChange": "statekeeper.state.optimizer",
     "Progress": "statekeeper.progress",
     "PerRank": "statekeeper.distributed.per_rank",
@@ -206,6 +208,7 @@ __all__ = [
     "KeepEvery",
     "KeepLatest",
     "Mode",
+    "OnSignal",
     "RNGState",
     "ResumableBatchSampler",
     "ResumableLoader",

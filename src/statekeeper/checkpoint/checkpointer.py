@@ -18,14 +18,14 @@ from typing import Any
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.listing import list_checkpoints, list_partial
+from statekeeper.checkpoint.listing import list_checkpoints, list_partial, warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
-from statekeeper.checkpoint.naming import parse_entry
 from statekeeper.checkpoint.options import SaveOptions
-from statekeeper.checkpoint.policies import Retention, SavePolicy
+from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.save import save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
+from statekeeper.checkpoint.signals import SignalWatch
 from statekeeper.errors import (
     CheckpointUnreadableError,
     InvalidArgumentError,
@@ -40,7 +40,6 @@ from statekeeper.errors import (
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import Generator, RNGState
-from statekeeper.storage.local import LOCK_FILE
 
 __all__ = ["RNG_ENTRY", "Checkpointer"]
 
@@ -64,6 +63,11 @@ def _skippable(exc: BaseException) -> bool:
 class Checkpointer:
     """Save and resume a training run in ``directory``.
 
+    With an ``OnSignal(...)`` part in ``every`` (pre-emption), the signal makes the next
+    ``maybe_save`` save synchronously and set ``preempted``; the loop then exits, with
+    ``PREEMPTED_EXIT_CODE`` (75, ``EX_TEMPFAIL``: try again) for a scheduler that requeues.
+    The previous signal handlers come back on :meth:`close`.
+
     ``every`` decides when :meth:`maybe_save` saves; ``keep`` which committed steps survive
     (None keeps all); ``generators`` are ``torch.Generator`` / ``numpy.random.Generator``
     objects the run draws from besides the global ones, saved and restored by name.
@@ -76,6 +80,8 @@ class Checkpointer:
     collective (see docs/distributed.md); rank 0 holds the lock, commits and applies
     retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
     """
+
+    PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: a temporary failure, run me again
 
     def __init__(
         self,
@@ -119,6 +125,9 @@ class Checkpointer:
         self._last_save = clock()
         self._closed = False
         self._writer = AsyncWriter() if async_save else None  # owned: staging reused
+        self.preempted = False
+        signals = signals_of(every)
+        self._watch = SignalWatch(signals) if signals else None  # last: nothing fails after
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if RNG_ENTRY in state:
@@ -177,28 +186,8 @@ class Checkpointer:
             self._resumed_from = info.step
             self._last_save = self._clock()
             return info.step
-        self._warn_if_foreign()
+        warn_if_foreign(self.storage)
         return None
-
-    def _warn_if_foreign(self) -> None:
-        """Starting from scratch in a directory that holds other things is worth a word: it
-        is most often the wrong directory (another tool's checkpoints)."""
-        try:
-            names = [*self.storage.entries(), *self.storage.files("")]
-        except (OSError, StatekeeperError):
-            return
-        other = sorted(n for n in names if n != LOCK_FILE and parse_entry(n) is None)
-        if other:
-            shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
-            warnings.warn(
-                f"statekeeper: {self.storage.describe()} holds no statekeeper step but "
-                f"{len(other)} other entr{'y' if len(other) == 1 else 'ies'} ({shown}); "
-                "starting from scratch. If that is another tool's checkpoint folder, pass the "
-                "run directory statekeeper saves into (to start from a foreign checkpoint, "
-                "load statekeeper.read(path) into the model first).",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
@@ -208,21 +197,47 @@ class Checkpointer:
             raise InvalidArgumentError(
                 "maybe_save needs a save policy: Checkpointer(..., every=EverySteps(n))"
             )
+        signalled = self._watch is not None and self._watch.fired
         due = self.every.should_save(step, self._clock() - self._last_save) and not any(
             p.step == step for p in committed(self.storage)
         )
-        if self._distributed:  # rank 0 decides for all: clocks and listings may differ
-            due = collective().decide(due)
+        if self._distributed:  # one collective: rank 0's clock and listing, any rank's signal
+            due, signalled = collective().decide(due, signalled)
+        if signalled:
+            return self._preempt(step, state, metrics)
         return self.save(step, state, metrics) if due else None
+
+    def _preempt(
+        self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None
+    ) -> CheckpointInfo | None:
+        """A watched signal came (here or on another rank): save ``step`` now and
+        synchronously, after any background save, and say so in ``preempted``."""
+        self.wait()
+        self.preempted = True
+        if self._watch is not None:
+            self._watch.received = None  # one save per signal
+        if any(p.step == step for p in committed(self.storage)):
+            return None  # saved already: nothing newer to keep
+        info = self._save(step, state, metrics, writer=None)
+        return info if isinstance(info, CheckpointInfo) else info.wait()
 
     def save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
     ) -> CheckpointInfo | PendingSave:
         """Save now (RNG included), then apply retention (in the background if async)."""
+        return self._save(step, state, metrics, self._writer)
+
+    def _save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        metrics: Mapping[str, Any] | None,
+        writer: AsyncWriter | None,
+    ) -> CheckpointInfo | PendingSave:
         self._check_open()
         full = self._with_rng(state)
         # a job-wide save is blocking (also for a Checkpointer made before the process group)
-        writer = None if is_distributed(self._scope, full) else self._writer
+        writer = None if is_distributed(self._scope, full) else writer
         result = save_state(
             self.storage,
             full,
@@ -275,6 +290,8 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            if self._watch is not None:
+                self._watch.close()  # the handlers installed before come back
             self._stack.close()
 
     def __enter__(self) -> Checkpointer:

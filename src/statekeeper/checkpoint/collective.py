@@ -45,8 +45,9 @@ class Collective(Protocol):
         """Load a committed step into ``state`` on every rank."""
         ...
 
-    def decide(self, value: bool) -> bool:
-        """Rank 0's ``value`` on every rank (clocks and listings may differ between ranks)."""
+    def decide(self, due: bool, signalled: bool) -> tuple[bool, bool]:
+        """One small collective at a step boundary: rank 0's ``due`` (clocks and listings
+        may differ between ranks) and whether any rank was ``signalled`` (pre-emption)."""
         ...
 
     def is_leader(self) -> bool:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
+
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import Location, PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry
-from statekeeper.errors import StatekeeperError
+from statekeeper.errors import StatekeeperError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.manifest import MANIFEST
+from statekeeper.storage.base import Storage
+from statekeeper.storage.lock import LOCK_FILE
 
-__all__ = ["list_checkpoints", "list_partial", "remove_partial"]
+__all__ = ["list_checkpoints", "list_partial", "remove_partial", "warn_if_foreign"]
 
 
 def list_checkpoints(directory: PathOrStorage) -> list[CheckpointInfo]:
@@ -49,3 +53,24 @@ def remove_partial(directory: PathOrStorage) -> list[str]:
         for name in stale:
             storage.remove(name)
     return stale
+
+
+def warn_if_foreign(storage: Storage) -> None:
+    """Starting from scratch in a directory that holds other things is worth a word: it
+    is most often the wrong directory (another tool's checkpoints)."""
+    try:
+        names = [*storage.entries(), *storage.files("")]
+    except (OSError, StatekeeperError):
+        return
+    other = sorted(n for n in names if n != LOCK_FILE and parse_entry(n) is None)
+    if other:
+        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+        warnings.warn(
+            f"statekeeper: {storage.describe()} holds no statekeeper step but "
+            f"{len(other)} other entr{'y' if len(other) == 1 else 'ies'} ({shown}); "
+            "starting from scratch. If that is another tool's checkpoint folder, pass the "
+            "run directory statekeeper saves into (to start from a foreign checkpoint, "
+            "load statekeeper.read(path) into the model first).",
+            StatekeeperWarning,
+            stacklevel=user_stacklevel(),
+        )

@@ -2,6 +2,8 @@
 
 Save policies answer ``should_save(step, seconds_since_last_save)``:
 ``EverySteps(n)``, ``EverySeconds(s)``, ``AtSteps(...)``; ``a | b`` saves when either does.
+``OnSignal(SIGTERM, SIGUSR1)`` saves at the first step boundary after one of the signals
+arrives (pre-emption; see :mod:`statekeeper.checkpoint.signals`).
 
 Retention policies answer ``keep(checkpoints) -> set of steps``:
 ``KeepLatest(n)``, ``KeepBest(n, metric=..., mode=Mode.MIN)``, ``KeepEvery(n)``; ``a | b``
@@ -12,16 +14,18 @@ run resumed from, whatever the policy says, and applies retention only after a c
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.signals import signal_of
 from statekeeper.errors import InvalidArgumentError
 
 __all__ = [
     "AtSteps", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery", "KeepLatest", "Mode",
-    "Retention", "SavePolicy",
+    "OnSignal", "Retention", "SavePolicy", "signals_of",
 ]  # fmt: skip
 
 
@@ -89,6 +93,37 @@ class AtSteps(SavePolicy):
 
     def should_save(self, step: int, seconds_since_save: float) -> bool:
         return step in self.steps
+
+
+@dataclass(frozen=True)
+class OnSignal(SavePolicy):
+    """Save at the first step boundary after one of ``signals`` arrives: pre-emption.
+
+    ``Checkpointer(..., every=EverySteps(500) | OnSignal(signal.SIGTERM, signal.SIGUSR1))``
+    installs a handler for each signal that only records it. The next ``maybe_save`` saves
+    (synchronously, after any background save), sets ``Checkpointer.preempted`` and the loop
+    exits, with ``Checkpointer.PREEMPTED_EXIT_CODE`` for a scheduler that requeues. In a
+    multi-process job every rank saves at the same step when any rank was signalled.
+    Signals are ``signal.Signals``, numbers or names (``"SIGUSR1"``).
+    """
+
+    signals: tuple[signal.Signals, ...]
+
+    def __init__(self, *signals: signal.Signals | int | str) -> None:
+        if not signals:
+            raise InvalidArgumentError("OnSignal needs at least one signal, e.g. signal.SIGTERM")
+        object.__setattr__(self, "signals", tuple(dict.fromkeys(map(signal_of, signals))))
+
+    def should_save(self, step: int, seconds_since_save: float) -> bool:
+        return False  # the Checkpointer's signal watch decides (it saw the signal or not)
+
+
+def signals_of(policy: SavePolicy | None) -> tuple[signal.Signals, ...]:
+    """The signals the ``OnSignal`` parts of ``policy`` watch (in order, once each)."""
+    if policy is None:
+        return ()
+    found = (s for p in _parts(policy) if isinstance(p, OnSignal) for s in p.signals)
+    return tuple(dict.fromkeys(found))
 
 
 @dataclass(frozen=True)

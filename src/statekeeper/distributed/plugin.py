@@ -45,10 +45,11 @@ class Distributed:
 
         return load_distributed(storage, state, step=step, options=options)
 
-    def decide(self, value: bool) -> bool:
-        from statekeeper.distributed.group import broadcast, checkpoint_group
+    def decide(self, due: bool, signalled: bool) -> tuple[bool, bool]:
+        from statekeeper.distributed.group import checkpoint_group, gather
 
-        return bool(broadcast(value, checkpoint_group()))
+        every = gather((bool(due), bool(signalled)), checkpoint_group())
+        return every[0][0], any(flag for _, flag in every)
 
     def is_leader(self) -> bool:
         return dist.get_rank() == 0

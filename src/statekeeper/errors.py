@@ -56,6 +56,7 @@ __all__ = [
     "WriterConflictError",
     "error_class",
     "error_kinds",
+    "raised_only",
     "user_stacklevel",
 ]
 
@@ -236,6 +237,13 @@ def error_kinds(exc: BaseException) -> tuple[str, ...]:
     if isinstance(exc, RankFailure):
         return exc.kinds
     return tuple(getattr(exc, "rank_kinds", (type(exc).__name__,)))
+
+
+def raised_only(exc: BaseException, *kinds: type[StatekeeperError]) -> bool:
+    """Whether every error raised for the step (in a job: every failing rank's, the same
+    answer on every rank) is one of ``kinds``."""
+    classes = [error_class(kind) for kind in error_kinds(exc)]
+    return bool(classes) and all(c is not None and issubclass(c, kinds) for c in classes)
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -33,8 +33,7 @@ from statekeeper.errors import (
     StatekeeperError,
     StatekeeperWarning,
     StepNotFoundError,
-    error_class,
-    error_kinds,
+    raised_only,
     user_stacklevel,
 )
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
@@ -44,20 +43,6 @@ from statekeeper.state.rng import Generator, RNGState
 __all__ = ["RNG_ENTRY", "Checkpointer"]
 
 RNG_ENTRY = "rng"
-_SKIPPABLE = (CheckpointUnreadableError, StepNotFoundError)
-
-
-def _classes(exc: BaseException) -> list[type[StatekeeperError] | None]:
-    """The classes of every rank's error for this load (names cross ranks: same on all)."""
-    return [error_class(kind) for kind in error_kinds(exc)]
-
-
-def _skippable(exc: BaseException) -> bool:
-    """Whether a failed load means an unreadable step, or one deleted while it was read
-    (skip it). In a distributed job every rank sees the kinds of every rank's error, so all
-    of them decide alike."""
-    classes = _classes(exc)
-    return bool(classes) and all(c is not None and issubclass(c, _SKIPPABLE) for c in classes)
 
 
 class Checkpointer:
@@ -169,12 +154,10 @@ class Checkpointer:
                     on_optimizer_change=on_optimizer_change,
                 )
             except (CheckpointUnreadableError, StepNotFoundError, RankFailure) as exc:
-                if not _skippable(exc):  # the same decision on every rank of a job
+                # unreadable, or deleted while read: skipped (on every rank of a job alike)
+                if not raised_only(exc, CheckpointUnreadableError, StepNotFoundError):
                     raise
-                gone = all(
-                    c is not None and issubclass(c, StepNotFoundError) for c in _classes(exc)
-                )
-                what = "deleted" if gone else "damaged"
+                what = "deleted" if raised_only(exc, StepNotFoundError) else "damaged"
                 warnings.warn(
                     f"statekeeper: skipping {what} step {parsed.step}: {exc}",
                     StatekeeperWarning,

@@ -3,6 +3,7 @@ that step ends bitwise identical to one that was never interrupted."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -36,10 +37,21 @@ def _child(mode: str, run: Path, *rank: str) -> launcher.Popen:
 
 
 def _until_paused(proc: Any) -> None:
-    for line in proc.stdout:
-        if line.strip() == f"step {preempt_ranks.PAUSE_AT}":
-            return
-    raise AssertionError(f"the run ended before step {preempt_ranks.PAUSE_AT}")
+    """Read the child's output up to its pause (a hung child fails the test, never hangs it)."""
+    found: list[bool] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            if line.strip() == f"step {preempt_ranks.PAUSE_AT}":
+                found.append(True)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(300)
+    if not found:
+        proc.kill()
+        raise AssertionError(f"the run never reached step {preempt_ranks.PAUSE_AT}")
 
 
 def test_a_signal_saves_at_the_next_boundary_and_the_resumed_run_is_identical(
@@ -105,26 +117,61 @@ def test_a_signal_to_one_rank_saves_the_same_step_on_every_rank(tmp_path: Path) 
 
 def test_in_one_process_the_save_is_synchronous_and_handlers_come_back(tmp_path: Path) -> None:
     seen: list[int] = []
+    saved_when_chained: list[list[int]] = []
 
     def earlier(signum: int, frame: FrameType | None) -> None:
         seen.append(signum)
+        saved_when_chained.append([c.step for c in sk.list_checkpoints(tmp_path)])
 
     before = signal.signal(signal.SIGUSR1, earlier)
     try:
-        every = sk.EverySteps(1000) | sk.OnSignal("SIGUSR1")
+        every = sk.EverySteps(2) | sk.OnSignal("sigusr1")
         with sk.Checkpointer(tmp_path, every=every, async_save=True) as ckpt:
             x = torch.zeros(3)
             assert ckpt.maybe_save(1, {"x": x}) is None and not ckpt.preempted
+            pending = ckpt.maybe_save(2, {"x": x})  # a background save in flight...
             os.kill(os.getpid(), signal.SIGUSR1)
-            info = ckpt.maybe_save(2, {"x": x})
-            assert isinstance(info, sk.CheckpointInfo) and info.step == 2  # committed now
-            assert ckpt.preempted and seen == [signal.SIGUSR1]  # the earlier handler ran too
-            assert ckpt.maybe_save(3, {"x": x}) is None  # one save per signal
-            assert signal.getsignal(signal.SIGUSR1) is not earlier
+            assert seen == []  # the earlier handler waits for the save
+            info = ckpt.maybe_save(3, {"x": x})
+            assert isinstance(info, sk.CheckpointInfo) and info.step == 3  # committed now
+            assert pending is not None and pending.done()  # ... was waited for first
+            assert ckpt.preempted and seen == [signal.SIGUSR1]
+            assert saved_when_chained == [[2, 3]]  # chained once step 3 was safe
+            assert ckpt.maybe_save(5, {"x": x}) is None  # one save per signal
         assert signal.getsignal(signal.SIGUSR1) is earlier  # put back by close()
     finally:
         signal.signal(signal.SIGUSR1, before)
-    assert [c.step for c in sk.list_checkpoints(tmp_path)] == [2]
+    assert [c.step for c in sk.list_checkpoints(tmp_path)] == [2, 3]
+
+
+def test_a_handler_that_raises_runs_after_the_save(tmp_path: Path) -> None:
+    with sk.Checkpointer(tmp_path, every=sk.OnSignal(signal.SIGINT)) as ckpt:
+        os.kill(os.getpid(), signal.SIGINT)  # Python's own handler raises KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.maybe_save(7, {"x": 1})
+        assert ckpt.preempted
+    assert [c.step for c in sk.list_checkpoints(tmp_path)] == [7]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_closing_in_any_order_or_never_leaves_signals_working(tmp_path: Path) -> None:
+    seen: list[int] = []
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    try:
+        a = sk.Checkpointer(tmp_path / "a", every=sk.OnSignal(signal.SIGUSR2))
+        b = sk.Checkpointer(tmp_path / "b", every=sk.OnSignal(signal.SIGUSR2))
+        a.close()  # not the reverse order: b's handler stays, and passes signals on
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert b._watch is not None and b._watch.fired and seen == []
+        b.close()  # the recorded signal was not served by a save: it goes on to the earlier
+        assert seen == [signal.SIGUSR2]
+        c = sk.Checkpointer(tmp_path / "c", every=sk.OnSignal(signal.SIGUSR2))
+        del c  # never closed
+        gc.collect()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert seen == [signal.SIGUSR2] * 2  # the dropped watch passes it on
+    finally:
+        signal.signal(signal.SIGUSR2, before)
 
 
 @pytest.mark.parametrize("bad", [(), (signal.SIGKILL,), ("NOPE",), (True,)])
@@ -135,6 +182,7 @@ def test_on_signal_refuses_what_cannot_be_watched(bad: tuple[Any, ...]) -> None:
 
 def test_signal_handlers_need_the_main_thread(tmp_path: Path) -> None:
     errors: list[BaseException] = []
+    before = signal.getsignal(signal.SIGTERM)
 
     def make() -> None:
         try:
@@ -147,6 +195,6 @@ def test_signal_handlers_need_the_main_thread(tmp_path: Path) -> None:
     thread.join(60)
     assert len(errors) == 1 and isinstance(errors[0], sk.InvalidArgumentError)
     assert "main thread" in str(errors[0])
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(
-        signal.getsignal(signal.SIGTERM)
-    )
+    assert signal.getsignal(signal.SIGTERM) is before
+    with sk.Checkpointer(tmp_path):  # the failed one did not keep the writer lock
+        pass

@@ -112,7 +112,11 @@ class Checkpointer:
         self._writer = AsyncWriter() if async_save else None  # owned: staging reused
         self.preempted = False
         signals = signals_of(every)
-        self._watch = SignalWatch(signals) if signals else None  # last: nothing fails after
+        try:
+            self._watch = SignalWatch(signals) if signals else None
+        except BaseException:
+            self._stack.close()  # the writer lock is not kept by a Checkpointer never made
+            raise
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if RNG_ENTRY in state:
@@ -180,29 +184,43 @@ class Checkpointer:
             raise InvalidArgumentError(
                 "maybe_save needs a save policy: Checkpointer(..., every=EverySteps(n))"
             )
-        signalled = self._watch is not None and self._watch.fired
-        due = self.every.should_save(step, self._clock() - self._last_save) and not any(
-            p.step == step for p in committed(self.storage)
-        )
+        watch = self._watch
+        if watch is not None and not watch.installed():
+            warnings.warn(
+                "statekeeper: another signal handler replaced the Checkpointer's for "
+                f"{', '.join(s.name for s in watch.signals)}: OnSignal no longer sees them",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
+        signalled = watch is not None and watch.fired
+        saved = any(p.step == step for p in committed(self.storage))
+        due = self.every.should_save(step, self._clock() - self._last_save) and not saved
         if self._distributed:  # one collective: rank 0's clock and listing, any rank's signal
-            due, signalled = collective().decide(due, signalled)
+            due, signalled, saved = collective().decide(step, due, signalled, saved)
         if signalled:
-            return self._preempt(step, state, metrics)
+            return self._preempt(step, state, metrics, saved)
         return self.save(step, state, metrics) if due else None
 
     def _preempt(
-        self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None
+        self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None, saved: bool
     ) -> CheckpointInfo | None:
-        """A watched signal came (here or on another rank): save ``step`` now and
-        synchronously, after any background save, and say so in ``preempted``."""
-        self.wait()
+        """A watched signal came (here or on another rank): save ``step`` now, synchronously,
+        after any background save (whose failure is raised once this state is safe); then
+        the handler that was installed before runs."""
+        failure: BaseException | None = None
+        try:
+            self.wait()
+        except Exception as exc:
+            failure = exc
+        info = None if saved else self._save(step, state, metrics, writer=None)
         self.preempted = True
+        if failure is not None:
+            if self._watch is not None:
+                self._watch.received = None
+            raise failure
         if self._watch is not None:
-            self._watch.received = None  # one save per signal
-        if any(p.step == step for p in committed(self.storage)):
-            return None  # saved already: nothing newer to keep
-        info = self._save(step, state, metrics, writer=None)
-        return info if isinstance(info, CheckpointInfo) else info.wait()
+            self._watch.chain()
+        return info if isinstance(info, CheckpointInfo) or info is None else info.wait()
 
     def save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None

@@ -45,9 +45,11 @@ class Collective(Protocol):
         """Load a committed step into ``state`` on every rank."""
         ...
 
-    def decide(self, due: bool, signalled: bool) -> tuple[bool, bool]:
-        """One small collective at a step boundary: rank 0's ``due`` (clocks and listings
-        may differ between ranks) and whether any rank was ``signalled`` (pre-emption)."""
+    def decide(self, step: int, due: bool, signalled: bool, saved: bool) -> tuple[bool, bool, bool]:
+        """One small collective at a step boundary: rank 0's ``due`` and ``saved`` (whether
+        ``step`` is committed: clocks and listings may differ between ranks), and whether
+        any rank was ``signalled`` (pre-emption). ``InvalidArgumentError`` on every rank
+        when the ranks are not at the same ``step``."""
         ...
 
     def is_leader(self) -> bool:

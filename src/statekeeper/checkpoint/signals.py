@@ -1,22 +1,28 @@
 """Pre-emption: remember that a signal came, save at the next step boundary.
 
-A cluster that pre-empts a job sends a signal first (SLURM: ``--signal=USR1@120``; Kubernetes
-and most schedulers: SIGTERM, then SIGKILL after a grace period). :class:`SignalWatch`
-installs a handler that only records the signal (Python runs it between two bytecodes of
-the main thread; it takes no lock, does no I/O and allocates nothing that matters), and the
-``Checkpointer`` reads the record at the next ``maybe_save``: the save happens where the
-training loop's state is consistent, never inside the handler.
+A cluster that pre-empts a job sends a signal first (SLURM: ``--signal``; Kubernetes and
+most schedulers: SIGTERM, then SIGKILL after a grace period). :class:`SignalWatch`
+installs a handler that only records the signal; the ``Checkpointer`` reads the record at
+the next ``maybe_save`` and saves there, where the training loop's state is consistent.
 
-A handler that was installed before is chained when it is a Python callable (it runs after
-the record is taken); the default action and ``SIG_IGN`` are not (the default of SIGTERM
-would end the process before the save). :meth:`SignalWatch.close` puts every previous handler
-back.
+What was installed before is honoured, later:
+
+- a Python handler installed before (``signal.default_int_handler`` for SIGINT, a
+  framework's, the user's) runs *after* the save, when the Checkpointer calls
+  :meth:`SignalWatch.chain` (so a handler that exits or raises ends the loop once the step
+  is safe);
+- the default action and ``SIG_IGN`` are applied by :meth:`close` to a signal that came but
+  was not served by a save (the default of SIGTERM then ends the process, as it would have);
+- :meth:`close` puts the earlier handler back only where the watch's handler is still the
+  installed one; a watch that is closed, or that nobody references any more (a Checkpointer
+  dropped without ``close``), passes signals on to what was there before.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
@@ -34,7 +40,8 @@ def signal_of(value: object) -> signal.Signals:
     that can be caught; ``InvalidArgumentError`` otherwise."""
     try:
         if isinstance(value, str):
-            sig = signal.Signals[value if value.startswith("SIG") else f"SIG{value}"]
+            name = value.upper()
+            sig = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
         elif isinstance(value, int) and not isinstance(value, bool):
             sig = signal.Signals(value)
         else:
@@ -49,13 +56,34 @@ def signal_of(value: object) -> signal.Signals:
     return sig
 
 
+def _pass_on(sig: signal.Signals, previous: Handler, frame: FrameType | None) -> None:
+    """Do what ``previous`` (the disposition before the watch) would have done."""
+    if callable(previous):
+        previous(int(sig), frame)
+    elif previous != signal.SIG_IGN:  # the default action (SIG_DFL, or unknown: C-level)
+        signal.signal(sig, signal.SIG_DFL)
+        signal.raise_signal(sig)
+
+
+def _handler(watch: weakref.ref[SignalWatch], sig: signal.Signals, previous: Handler) -> Any:
+    def handle(signum: int, frame: FrameType | None) -> None:
+        owner = watch()
+        if owner is None or owner.closed:
+            _pass_on(sig, previous, frame)
+        elif owner.received is None:
+            owner.received = sig
+
+    return handle
+
+
 class SignalWatch:
-    """Records which of ``signals`` arrived since it was installed (in the main thread)."""
+    """Records which of ``signals`` arrived first since it was installed (main thread)."""
 
     def __init__(self, signals: Iterable[signal.Signals]) -> None:
         self.signals = tuple(dict.fromkeys(signals))
         self.received: signal.Signals | None = None
-        self._previous: dict[signal.Signals, Handler] = {}
+        self.closed = False
+        self._installed: dict[signal.Signals, tuple[Any, Handler]] = {}
         if threading.current_thread() is not threading.main_thread():
             raise InvalidArgumentError(
                 "OnSignal(...) installs signal handlers, which Python allows only in the main "
@@ -63,24 +91,40 @@ class SignalWatch:
             )
         try:
             for sig in self.signals:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                previous = signal.getsignal(sig)
+                handle = _handler(weakref.ref(self), sig, previous)
+                signal.signal(sig, handle)
+                self._installed[sig] = (handle, previous)
         except BaseException:
             self.close()
             raise
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum)
-        previous = self._previous.get(signal.Signals(signum))
-        if callable(previous):
-            previous(signum, frame)
 
     @property
     def fired(self) -> bool:
         return self.received is not None
 
+    def installed(self) -> bool:
+        """Whether every watched signal still reaches this watch (nobody replaced it)."""
+        return all(signal.getsignal(s) is h for s, (h, _) in self._installed.items())
+
+    def chain(self) -> None:
+        """Run the Python handler that was installed before for the recorded signal (after
+        the save it served), then forget the record."""
+        sig, self.received = self.received, None
+        if sig is not None:
+            previous = self._installed.get(sig, (None, None))[1]
+            if callable(previous):
+                previous(int(sig), None)
+
     def close(self) -> None:
-        """Put back the handlers that were installed before (main thread only)."""
-        previous, self._previous = self._previous, {}
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        """Put back the earlier handlers where the watch's are still installed; a signal
+        recorded but not served then gets what the earlier disposition gives it."""
+        if self.closed:
+            return
+        self.closed = True
+        pending, self.received = self.received, None
+        for sig, (handle, previous) in self._installed.items():
+            if signal.getsignal(sig) is handle:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        if pending is not None:
+            _pass_on(pending, self._installed[pending][1], None)

@@ -12,6 +12,7 @@ from statekeeper.checkpoint.collective import register_collective
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
 from statekeeper.distributed.per_rank import PerRank
+from statekeeper.errors import InvalidArgumentError
 from statekeeper.storage.base import Storage
 
 __all__ = ["Distributed", "install"]
@@ -45,11 +46,25 @@ class Distributed:
 
         return load_distributed(storage, state, step=step, options=options)
 
-    def decide(self, due: bool, signalled: bool) -> tuple[bool, bool]:
-        from statekeeper.distributed.group import checkpoint_group, gather
+    def decide(self, step: int, due: bool, signalled: bool, saved: bool) -> tuple[bool, bool, bool]:
+        import torch
 
-        every = gather((bool(due), bool(signalled)), checkpoint_group())
-        return every[0][0], any(flag for _, flag in every)
+        from statekeeper.distributed.group import checkpoint_group
+
+        group = checkpoint_group()
+        first = dist.get_rank(group) == 0
+        # one all_reduce(MAX) of five integers: no pickling, one round trip
+        flags = torch.tensor(
+            [int(due and first), int(signalled), int(saved and first), step, -step]
+        )
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        high, low = int(flags[3]), -int(flags[4])
+        if high != low:
+            raise InvalidArgumentError(
+                f"maybe_save was called with different steps on the ranks of the job (from "
+                f"{low} to {high}): call it with the same step on every rank"
+            )
+        return bool(flags[0]), bool(flags[1]), bool(flags[2])
 
     def is_leader(self) -> bool:
         return dist.get_rank() == 0

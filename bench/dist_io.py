@@ -1,16 +1,28 @@
 """Multi-process save and load: statekeeper against DCP's own FileSystemWriter/Reader.
 
-``.venv/bin/python -m bench.dist_io [--world 2] [--size-mib 256] [--runs 3]`` launches
-``--world`` CPU ranks (gloo). Each builds the same FSDP2 model (about ``--size-mib`` of
-float32 parameters, plus Adam's two moments after one step, so three times that in all),
-then, interleaved for ``--runs`` rounds: statekeeper ``save`` / ``load`` and
-``torch.distributed.checkpoint.save`` / ``load`` with their file-system storage, into
-fresh directories (fsync'd by both). Times are the slowest rank's, medians over rounds.
+``.venv/bin/python -m bench.dist_io [--world 2] [--size-mib 256] [--runs 5] [--warmup 1]``
+launches ``--world`` CPU ranks (gloo). Each builds the same FSDP2 model (about ``--size-mib``
+of float32 parameters, plus Adam's two moments after one step, so three times that in all),
+then runs ``--warmup`` untimed rounds and ``--runs`` timed ones. A round saves with both
+contenders (statekeeper ``save``, ``torch.distributed.checkpoint.save`` with
+``FileSystemWriter``), then loads what each saved (statekeeper ``load``, DCP ``load`` with
+``FileSystemReader`` plus the ``get_*`` / ``set_*_state_dict`` calls around it), into fresh
+directories that are removed after the round. Before each load every parameter and moment
+is changed (untimed); after it each rank checks, bit for bit, that the saved values are
+back. The contenders' order alternates from round to round, so neither always pays for
+going first after the other's save. A time is the slowest rank's, barrier to barrier; the
+report gives per contender the median and the spread (min-max) over the timed rounds, and
+statekeeper's time as a multiple of DCP's: the ratio of the medians and the median
+(min-max) of the per-round ratios. Below 1.0x statekeeper is faster. ``--profile DIR``
+also writes a cProfile of each rank's saves and loads, per contender
+(``sk_load-rank0.pstats``, ...; timed rounds only; the profiler slows the calls, so the
+times of such a run are not figures).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import shutil
@@ -20,11 +32,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+CONTENDERS = ("sk", "dcp")
+OPS = ("save", "load")
 
 
 def _model(world: int, size_mib: int) -> torch.nn.Module:
@@ -42,15 +59,26 @@ def _model(world: int, size_mib: int) -> torch.nn.Module:
     return model
 
 
-def _timed(fn: Any) -> float:
+def _timed(fn: Callable[[], Any], profile: cProfile.Profile | None = None) -> float:
     dist.barrier()
     start = time.perf_counter()
-    fn()
+    if profile is None:
+        fn()
+    else:
+        profile.runcall(fn)
     dist.barrier()
-    return time.perf_counter() - start
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's
+    return float(elapsed.item())
 
 
-def rank_main(world: int, size_mib: int, runs: int, root: Path, out: Path) -> None:
+def _order(round_index: int) -> tuple[str, ...]:
+    """The contenders' order in a round: rotated by one each round."""
+    k = round_index % len(CONTENDERS)
+    return CONTENDERS[k:] + CONTENDERS[:k]
+
+
+def rank_main(args: argparse.Namespace, root: Path, out: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -61,7 +89,8 @@ def rank_main(world: int, size_mib: int, runs: int, root: Path, out: Path) -> No
 
     import statekeeper as sk
 
-    model = _model(world, size_mib)
+    rank = dist.get_rank()
+    model = _model(args.world, args.size_mib)
     opt = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 1024)).sum().backward()
     opt.step()
@@ -79,32 +108,82 @@ def rank_main(world: int, size_mib: int, runs: int, root: Path, out: Path) -> No
         set_model_state_dict(model, sd["model"])
         set_optimizer_state_dict(model, opt, sd["optim"])
 
-    times: dict[str, list[float]] = {k: [] for k in ("sk_save", "dcp_save", "sk_load", "dcp_load")}
-    for r in range(runs):
-        sk_dir, dcp_dir = root / f"sk-{r}", root / f"dcp-{r}"
-        writer = dcp.FileSystemWriter(str(dcp_dir))
-        times["sk_save"].append(_timed(lambda d=sk_dir: sk.save(d, state, step=1)))
-        times["dcp_save"].append(_timed(lambda w=writer: dcp.save(dcp_state(), storage_writer=w)))
-        times["sk_load"].append(_timed(lambda d=sk_dir: sk.load(d, state)))
-        times["dcp_load"].append(_timed(lambda d=dcp_dir: dcp_load(d)))
-    if dist.get_rank() == 0:
-        size = sum(p.stat().st_size for p in (root / "sk-0").rglob("*") if p.is_file())
-        (out / "result.json").write_text(json.dumps({"times": times, "bytes": size}))
+    def run(who: str, op: str, path: Path) -> Callable[[], Any]:
+        if (who, op) == ("sk", "save"):
+            return lambda: sk.save(path, state, step=1)
+        if (who, op) == ("sk", "load"):
+            return lambda: sk.load(path, state)
+        if op == "save":
+            return lambda: dcp.save(dcp_state(), storage_writer=dcp.FileSystemWriter(str(path)))
+        return lambda: dcp_load(path)
+
+    def local_tensors() -> list[torch.Tensor]:
+        found = [*dcp_state()["model"].values()]
+        found += [v for s in dcp_state()["optim"]["state"].values() for v in s.values()]
+        return [t.to_local() if isinstance(t, DTensor) else t for t in found]
+
+    saved = [t.detach().clone() for t in local_tensors()]
+
+    def perturb() -> None:  # so that a load has something to restore
+        with torch.no_grad():
+            for t in local_tensors():
+                t.add_(1)
+
+    def check(who: str) -> None:
+        if not all(torch.equal(a, b) for a, b in zip(local_tensors(), saved, strict=True)):
+            raise SystemExit(f"rank {rank}: {who}'s load did not restore the saved state")
+
+    keys = [f"{who}_{op}" for who in CONTENDERS for op in OPS]
+    profiles = {key: cProfile.Profile() for key in keys} if args.profile else {}
+    times: dict[str, list[float]] = {key: [] for key in keys}
+    orders: list[list[str]] = []
+    size = 0
+    for r in range(args.warmup + args.runs):
+        timed = r >= args.warmup
+        order = _order(r)
+        paths = {who: root / f"{who}-{r}" for who in CONTENDERS}
+        for op in OPS:
+            for who in order:
+                if op == "load":
+                    perturb()
+                profile = profiles.get(f"{who}_{op}") if timed else None
+                t = _timed(run(who, op, paths[who]), profile)
+                if op == "load":
+                    check(who)
+                if timed:
+                    times[f"{who}_{op}"].append(t)
+        if timed:
+            orders.append(list(order))
+        dist.barrier()
+        if rank == 0:
+            size = sum(p.stat().st_size for p in paths["sk"].rglob("*") if p.is_file())
+            for path in paths.values():
+                shutil.rmtree(path, ignore_errors=True)
+        dist.barrier()
+    for key, profile in profiles.items():
+        profile.dump_stats(str(Path(args.profile) / f"{key}-rank{rank}.pstats"))
+    if rank == 0:
+        result = {"times": times, "orders": orders, "bytes": size}
+        (out / "result.json").write_text(json.dumps(result))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--size-mib", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = parser.parse_args()
-    if "RANK" in os.environ:  # one rank of the job
-        dist.init_process_group("gloo")
-        rank_main(args.world, args.size_mib, args.runs, Path(os.environ["BENCH_ROOT"]),
-                  Path(os.environ["BENCH_OUT"]))  # fmt: skip
-        dist.destroy_process_group()
-        return
+def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, values in times.items():
+        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    for op in OPS:
+        sk_t, dcp_t = times[f"sk_{op}"], times[f"dcp_{op}"]
+        paired = [s / d for s, d in zip(sk_t, dcp_t, strict=True)]
+        out[f"{op}_ratio"] = {
+            "of_medians": statistics.median(sk_t) / statistics.median(dcp_t),
+            "paired_median": statistics.median(paired),
+            "paired_min": min(paired),
+            "paired_max": max(paired),
+        }
+    return out
+
+
+def _launch(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=".") as tmp, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -123,17 +202,54 @@ def main() -> None:
         procs = [subprocess.Popen(command, env={**env, "RANK": str(r)}) for r in range(args.world)]
         if any(p.wait() != 0 for p in procs):
             raise SystemExit("a rank failed")
-        result = json.loads((out / "result.json").read_text())
-        shutil.rmtree(root, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in result["times"].items()}
+        result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--size-mib", type=int, default=256, help="float32 parameters per model")
+    parser.add_argument("--runs", type=int, default=5, help="timed rounds")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--profile", metavar="DIR", help="cProfile each call, per rank")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args()
+    if args.runs < 1 or args.warmup < 0:
+        parser.error("--runs must be at least 1 and --warmup at least 0")
+    if "RANK" in os.environ:  # one rank of the job
+        dist.init_process_group("gloo")
+        try:
+            rank_main(args, Path(os.environ["BENCH_ROOT"]), Path(os.environ["BENCH_OUT"]))
+        finally:
+            dist.destroy_process_group()
+        return
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
+    result = _launch(args)
+    load_after = os.getloadavg()[0]
+    summary = _summary(result["times"])
     if args.json:
-        print(json.dumps({"medians_s": med, **result}))
+        print(json.dumps({"summary": summary, "loadavg": [load_before, load_after], **result}))
         return
     mib = result["bytes"] / (1 << 20)
-    print(f"world {args.world}, {mib:.0f} MiB per checkpoint (model + Adam), {args.runs} rounds")
-    for op in ("save", "load"):
-        sk_t, dcp_t = med[f"sk_{op}"], med[f"dcp_{op}"]
-        print(f"{op}: statekeeper {sk_t:.2f} s, DCP {dcp_t:.2f} s ({dcp_t / sk_t:.2f}x DCP/sk)")
+    print(
+        f"world {args.world}, {mib:.0f} MiB per checkpoint (model + Adam), "
+        f"{args.warmup} warm-up + {args.runs} timed rounds, order alternating; "
+        f"load average {load_before:.2f} before, {load_after:.2f} after"
+    )
+    for op in OPS:
+        cells = []
+        for who, label in (("sk", "statekeeper"), ("dcp", "DCP")):
+            s = summary[f"{who}_{op}"]
+            cells.append(f"{label} {s['median']:.2f} s ({s['min']:.2f}-{s['max']:.2f})")
+        ratio = summary[f"{op}_ratio"]
+        print(
+            f"{op}: {', '.join(cells)}; sk/DCP {ratio['of_medians']:.2f}x of medians, "
+            f"per round {ratio['paired_median']:.2f}x "
+            f"({ratio['paired_min']:.2f}-{ratio['paired_max']:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -113,6 +113,21 @@ def test_world_4_reshards(saved: tuple[Path, Path]) -> None:
     assert all(r["counter"] == 3 for r in reports(out, "resume4", 4))
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_dcp_read_path_loads_the_same_bits(saved: tuple[Path, Path], world: int) -> None:
+    """The load that DCP plans (for tensors the local planner cannot place) reads the same
+    values as the local one, in the same world and resharded."""
+    run, out = saved
+    assert launch("resume_dcp", world, run, out) == [0] * world
+    reference = load_file(str(out / "reference.safetensors"))
+    resumed = load_file(str(out / "dcp" / f"resume{world}.safetensors"))
+    assert resumed
+    for key, value in resumed.items():
+        assert torch.equal(value, reference[key]), key
+    assert all(r["counter"] == 3 for r in reports(out / "dcp", f"resume{world}", world))
+    assert all(r["calls"] == 1 for r in reports(out / "dcp", f"dcp-calls{world}", world))
+
+
 def test_world_1_dtensor_model_loads_a_sharded_step(saved: tuple[Path, Path]) -> None:
     """FSDP2 in a process group of one: the DTensor state goes the distributed way (it
     failed with "got mixed torch.Tensor and DTensor" after earlier entries were applied)."""

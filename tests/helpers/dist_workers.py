@@ -160,6 +160,26 @@ def resume(rank: int, world: int, run: Path, out: Path) -> None:
     report(out, f"resume{world}", rank, data)
 
 
+def resume_dcp(rank: int, world: int, run: Path, out: Path) -> None:
+    """``resume`` through DCP's own load (the path for tensors the local planner cannot
+    place), reported under ``OUT_DIR/dcp/``."""
+    import statekeeper.distributed.load as load_module
+    import statekeeper.distributed.read_plan as read_plan
+
+    read_plan.local_box = lambda t: None  # type: ignore[assignment]  # no local plan
+    through_dcp = load_module._read_dcp
+    calls: list[int] = []
+
+    def counted(*args: Any) -> None:
+        calls.append(1)
+        through_dcp(*args)
+
+    load_module._read_dcp = counted  # type: ignore[assignment]
+    (out / "dcp").mkdir(exist_ok=True)
+    resume(rank, world, run, out / "dcp")
+    report(out / "dcp", f"dcp-calls{world}", rank, {"calls": len(calls)})
+
+
 def killed(rank: int, world: int, run: Path, out: Path) -> None:
     """Commit step 1, then rank 1 dies in the middle of writing step 2."""
     model = fsdp_model(world, seed=0)
@@ -256,6 +276,7 @@ def faults(rank: int, world: int, run: Path, out: Path) -> None:
 SCENARIOS = {
     "save": save_then_continue,
     "resume": resume,
+    "resume_dcp": resume_dcp,
     "killed": killed,
     "ddp": ddp,
     "faults": faults,

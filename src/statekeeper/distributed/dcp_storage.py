@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from statekeeper.checkpoint.writer import write_shard
+from statekeeper.distributed.files import part
 from statekeeper.errors import UnsupportedValueError
 from statekeeper.format.dtypes import dtype_from_name, dtype_name
 from statekeeper.format.sharding import Chunk, ShardedRecord
@@ -156,13 +157,28 @@ def sharded_records(
 
 
 class ManifestReader(StorageReader):
-    """Serves DCP's load plan from verified chunk tensors; metadata comes from the manifest."""
+    """Serves DCP's load plan from verified chunk tensors; metadata comes from the manifest.
 
-    def __init__(self, records: dict[str, ShardedRecord], chunk: Any, shape: Any) -> None:
+    Targets are filled with the pieces of the chunks they need, except those in ``kept``
+    (name -> the target's local tensor: a plain tensor, or a ``DTensor``'s shard): DCP plans
+    against them (they may be the live tensors themselves), but nothing is written into
+    them. What each should receive is kept in :attr:`read` instead: the stored chunk itself
+    (a view, nothing copied) where one chunk holds the whole local tensor, otherwise a fresh
+    buffer the pieces are copied into (chunks that tile the tensor fill all of it)."""
+
+    def __init__(
+        self,
+        records: dict[str, ShardedRecord],
+        chunk: Any,
+        shape: Any,
+        kept: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self.records = records
         self.chunk = chunk  # chunk(name) -> the verified stored chunk tensor (read on demand)
         self.shape = shape  # shape(name) -> its shape, from the manifest (nothing read)
+        self.kept = kept or {}
+        self.read: dict[str, torch.Tensor] = {}
 
     def reset(self, checkpoint_id: Any = None) -> None:
         return None
@@ -192,15 +208,20 @@ class ManifestReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         for req in plan.items:
-            stored = self.chunk(self.storage_data[req.storage_index])
-            piece = stored
-            for dim, (start, length) in enumerate(
-                zip(req.storage_offsets, req.lengths, strict=True)
-            ):
-                piece = piece.narrow(dim, int(start), int(length))
-            target = planner.resolve_tensor(req).detach()
-            target.copy_(piece)
-            planner.commit_tensor(req, target)
+            piece = part(self.chunk(self.storage_data[req.storage_index]), req.storage_offsets,
+                         req.lengths)  # fmt: skip
+            name = req.dest_index.fqn
+            whole = self.kept.get(name)
+            if whole is None:
+                target = planner.resolve_tensor(req).detach()
+                target.copy_(piece)
+                planner.commit_tensor(req, target)
+            elif piece.shape == whole.shape:  # one chunk holds it all: that chunk stands for it
+                self.read[name] = piece
+            else:
+                if name not in self.read:
+                    self.read[name] = torch.empty_like(whole)
+                part(self.read[name], req.dest_offsets, req.lengths).copy_(piece)
         return _done(None)
 
     @classmethod

@@ -1,11 +1,15 @@
 """A load by every rank of a job, into whatever sharding the live objects have now.
 
 Rank 0 picks the step (the newest committed one unless asked) and tells the others. Every
-rank then checks the names, shapes and dtypes of its live state against the manifest,
-reads the chunks its current shards need through ``torch.distributed.checkpoint.load``
-(planned from the JSON manifest; each file verified against its checksum before use) into
-fresh buffers, and only when every rank got this far are the live objects loaded: a
-damaged file or a mismatch on any rank leaves every rank's state untouched.
+rank then checks the names, shapes and dtypes of its live state against the manifest (and
+that each tensor's chunks tile it), verifies its share of the step's files against their
+checksums, and reads the chunks its current shards need: planned locally from the JSON
+manifest (no plans exchanged), or through ``torch.distributed.checkpoint.load`` where a
+target is of a kind only DCP's planner handles (all ranks take the same way). The read
+writes no live tensor: a shard of a module or optimizer that one stored chunk holds whole
+is kept as a view of that chunk, others are assembled in fresh buffers. Only when every
+rank got this far are the live objects loaded (one copy from the verified files into each
+live tensor): a damaged file or a mismatch on any rank leaves every rank's state untouched.
 
 Per-rank state (RNG, data loaders, ``PerRank`` entries) of rank ``r`` is restored on rank
 ``r`` when the saving job had that rank. When the world size changed, ranks the saving job
@@ -19,7 +23,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -30,30 +33,24 @@ from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.load import restore_entry, restore_order
 from statekeeper.checkpoint.location import Location, locate
 from statekeeper.checkpoint.options import RestoreOptions
-from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.distributed.dcp_storage import ManifestReader
-from statekeeper.distributed.files import VerifiedFiles
-from statekeeper.distributed.group import agree, checkpoint_group, from_rank0
+from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather
+from statekeeper.distributed.read_plan import SKIP, ReadPlan
 from statekeeper.distributed.state import (
     Split,
     apply_module,
     apply_optimizer,
-    capture_distributed,
-    optimizer_problems,
     split,
 )
 from statekeeper.errors import (
     CorruptCheckpointError,
-    KeyMismatchError,
     RankFailure,
     StatekeeperError,
     StatekeeperWarning,
     user_stacklevel,
 )
-from statekeeper.format.dtypes import dtype_from_name
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.sharding import ShardedRecord
-from statekeeper.state.tree import flatten, unflatten
+from statekeeper.state.tree import unflatten
 from statekeeper.storage.base import Storage
 
 __all__ = ["load_distributed"]
@@ -72,36 +69,6 @@ def _choose(storage: Storage, step: int | None, group: dist.ProcessGroup) -> Loc
     return Location(storage, entry, found)
 
 
-_SKIP = object()  # a checkpoint tensor of a module or optimizer that the live one lacks
-
-
-def _problems(
-    live: dict[str, torch.Tensor],
-    records: Mapping[str, ShardedRecord],
-    saved_entries: set[str],
-    parts: Split,
-    strict: Strict,
-) -> list[str]:
-    problems: list[str] = []
-    sharded = set(parts.modules) | set(parts.optimizers)
-    for name, t in live.items():
-        rec = records.get(name)
-        if rec is None:
-            if name.split("/", 1)[0] in saved_entries and not strict.missing_ok:
-                problems.append(f"{name}: missing from the checkpoint")
-        elif tuple(t.shape) != rec.shape:
-            problems.append(f"{name}: shape {rec.shape} in checkpoint, {tuple(t.shape)} live")
-        elif dtype_from_name(rec.dtype) != t.dtype:
-            problems.append(f"{name}: dtype {rec.dtype} in checkpoint, {t.dtype} live")
-    if not strict.unexpected_ok:
-        problems += [
-            f"{n}: in the checkpoint but not in the live state"
-            for n in records
-            if n.split("/", 1)[0] in sharded and n not in live
-        ]
-    return problems
-
-
 def _prune(value: Any) -> Any:
     """``value`` without the entries whose tensor the live objects do not have (and without
     the dicts that held nothing else)."""
@@ -109,7 +76,7 @@ def _prune(value: Any) -> Any:
         return value
     out = {}
     for key, item in value.items():
-        if item is _SKIP:
+        if item is SKIP:
             continue
         pruned = _prune(item)
         if isinstance(item, dict) and item and not pruned:
@@ -130,43 +97,6 @@ def _saved_per_rank(manifest: Manifest, rank: int, lookup: Any) -> dict[str, Any
     return mine
 
 
-class _Plan:
-    """What one rank checked before anything is read: the step, its files and targets."""
-
-    def __init__(self, location: Location, parts: Split, strict: Strict, rank: int, world: int):
-        self.location = location
-        self.manifest = read_manifest(location)
-        self.files = VerifiedFiles(location, self.manifest)
-        self.records = self.files.records()
-        raw = self.manifest.state if isinstance(self.manifest.state, dict) else {}
-        live = flatten(capture_distributed(parts, initialize=True)).tensors
-        for name in parts.optimizers:  # saved before its first step: the live state goes
-            if isinstance(raw.get(name), dict) and raw[name].get("state") == {}:
-                live = {n: t for n, t in live.items() if not n.startswith(f"{name}/state/")}
-        wanted = [*parts.modules, *parts.optimizers, *parts.replicated]
-        problems = (
-            []
-            if strict.missing_ok
-            else [f"{n}: missing from the checkpoint" for n in wanted if n not in raw]
-        )
-        problems += _problems(live, self.records, set(raw), parts, strict)
-        for name, (_, owner) in parts.optimizers.items():
-            if name in raw:
-                problems += optimizer_problems(name, owner, raw[name])
-        if problems:
-            raise KeyMismatchError(problems)
-        self.targets = {n: t.detach().clone() for n, t in live.items() if n in self.records}
-        self.sharded = set(parts.modules) | set(parts.optimizers)
-        self.files.verify_share(rank, world)
-
-    def lookup(self, name: str) -> Any:
-        if name in self.targets:
-            return self.targets[name]
-        if name.split("/", 1)[0] in self.sharded:
-            return _SKIP  # never a full tensor where the live object holds a shard
-        return self.files.tensor(name)
-
-
 def load_distributed(
     storage: Storage, state: Mapping[str, Any], *, step: int | None, options: RestoreOptions
 ) -> RestoreInfo:
@@ -184,56 +114,78 @@ def load_distributed(
         for optimizer in fresh:  # undo the state created to read into
             optimizer.state.clear()
         raise
+    plan.fill()  # every rank has read and decoded its share: from here live tensors change
     return _apply_all(plan, parts, saved, mine, rank, Restoring(state, strict, options.change))
 
 
 def _checked(
     location: Location, parts: Split, strict: Strict, rank: int, group: dist.ProcessGroup
-) -> _Plan:
+) -> ReadPlan:
     failure: BaseException | None = None
-    plan: _Plan | None = None
+    plan: ReadPlan | None = None
     try:
-        plan = _Plan(location, parts, strict, rank, dist.get_world_size(group))
+        plan = ReadPlan(location, parts, strict, rank, dist.get_world_size(group))
     except BaseException as exc:
         failure = exc
     agree(failure, group, f"checking step {location.step}")
     assert plan is not None  # agree() raised otherwise
     plan.files.mark_checked()  # every file was verified by one rank, and all agreed
+    plan.local = all(gather(plan.local, group))  # DCP's load is collective: all or none
     return plan
 
 
 def _read(
-    plan: _Plan, rank: int, group: dist.ProcessGroup
+    plan: ReadPlan, rank: int, group: dist.ProcessGroup
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    reader = ManifestReader(plan.records, plan.files.tensor, plan.files.shape)
-    try:
-        dcp_load(plan.targets, storage_reader=reader, process_group=group)
-    except (RuntimeError, CheckpointException) as exc:
-        if isinstance(exc, StatekeeperError):
-            raise
-        raise RankFailure(
-            f"reading step {plan.location.step} failed ({exc}); nothing was loaded"
-        ) from exc
     failure: BaseException | None = None
-    saved: dict[str, Any] = {}
-    mine: dict[str, Any] | None = None
     try:
+        if plan.local:
+            plan.read_local()
+        else:
+            _read_dcp(plan, group)
+    except StatekeeperError as exc:
+        failure = exc
+    except (RuntimeError, CheckpointException) as exc:
+        failure = RankFailure(
+            f"reading step {plan.location.step} failed ({exc}); nothing was loaded"
+        )
+        failure.__cause__ = exc
+    except BaseException as exc:
+        failure = exc
+    if failure is None:
+        failure = _decode(plan, rank)
+    agree(failure, group, f"reading step {plan.location.step}")
+    return plan.decoded
+
+
+def _decode(plan: ReadPlan, rank: int) -> BaseException | None:
+    """Decode the state (into ``plan.decoded``); the error, if that failed."""
+    try:
+        unread = plan.unread()
+        if unread:
+            raise ValueError(f"the stored chunks do not cover {', '.join(unread[:5])}")
         decoded = unflatten(plan.manifest.state, plan.lookup)
         if not isinstance(decoded, dict):
             raise ValueError("state is not a mapping")
-        saved = _prune(decoded)
-        mine = _saved_per_rank(plan.manifest, rank, plan.lookup)
+        plan.decoded = (_prune(decoded), _saved_per_rank(plan.manifest, rank, plan.lookup))
     except (ValueError, TypeError, RuntimeError) as exc:
         path = plan.location.path(MANIFEST)
-        failure = CorruptCheckpointError(path, f"state is malformed: {exc}")
+        return CorruptCheckpointError(path, f"state is malformed: {exc}")
     except BaseException as exc:
-        failure = exc
-    agree(failure, group, f"reading step {plan.location.step}")
-    return saved, mine
+        return exc
+    return None
+
+
+def _read_dcp(plan: ReadPlan, group: dist.ProcessGroup) -> None:
+    """Read through ``torch.distributed.checkpoint.load`` (collective: its errors reach every
+    rank), for targets :meth:`ReadPlan.read_local` cannot plan."""
+    reader = ManifestReader(plan.records, plan.files.tensor, plan.files.shape, plan.kept)
+    plan.read = reader.read
+    dcp_load(plan.targets, storage_reader=reader, process_group=group)
 
 
 def _apply_all(
-    plan: _Plan,
+    plan: ReadPlan,
     parts: Split,
     saved: dict[str, Any],
     mine: dict[str, Any] | None,

@@ -181,12 +181,13 @@ def test_damaged_chunk_is_refused_before_anything_loads(
         assert torch.equal(v, before[k])
 
 
-def test_killed_rank_commits_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scenario", ["killed", "killed_async"])
+def test_killed_rank_commits_nothing(tmp_path: Path, scenario: str) -> None:
     run, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
-    codes = launch("killed", 2, run, out)
+    codes = launch(scenario, 2, run, out)
     assert codes == [0, -signal.SIGKILL]
-    outcome = json.loads((out / "killed-0.json").read_text())["outcome"]
+    outcome = json.loads((out / f"{scenario}-0.json").read_text())["outcome"]
     assert outcome != "saved"
     assert "RankFailure" in outcome and "not committed" in outcome
     assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["step_000000001"]
@@ -242,12 +243,14 @@ def test_per_rank_wraps_stateful_objects_only() -> None:
     assert wrapped.state_dict() == sampler.state_dict()
 
 
-def test_assert_resumes_exactly_across_processes() -> None:
-    from tests.helpers.dist_runs import fsdp_run
+@pytest.mark.parametrize("background", [False, True])
+def test_assert_resumes_exactly_across_processes(background: bool) -> None:
+    from tests.helpers.dist_runs import fsdp_run, fsdp_run_async
 
     from statekeeper.testing import assert_resumes_exactly
 
-    assert_resumes_exactly(fsdp_run, steps=4, stop_at=2, world_size=2)
+    run = fsdp_run_async if background else fsdp_run
+    assert_resumes_exactly(run, steps=4, stop_at=2, world_size=2)
 
 
 def test_world_1_dtensor_model_saves_and_resumes(tmp_path: Path) -> None:
@@ -260,3 +263,27 @@ def test_world_1_dtensor_model_saves_and_resumes(tmp_path: Path) -> None:
     reference = load_file(str(out / "reference.safetensors"))
     for key, value in load_file(str(out / "resume1.safetensors")).items():
         assert torch.equal(value, reference[key]), key
+
+
+def test_background_saves_of_a_job_write_a_snapshot_and_load_exactly(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    assert launch("async_saves", 2, run, out) == [0, 0]
+    staged = load_file(str(out / "async.safetensors"))
+    loaded = load_file(str(out / "async-l.safetensors"))
+    assert staged and len(staged) == len(loaded)
+    for key, value in staged.items():
+        assert torch.equal(loaded[key.replace("staged/", "loaded/")], value), key
+    for r in reports(out, "async", 2):
+        assert r["steps"] == [1, 2] and r["info"] == 2 and r["counter"] == 2
+        assert r["pending_type"] == "PendingSave"
+
+
+def test_a_background_failure_on_one_rank_surfaces_on_every_rank(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    assert launch("async_failure", 2, run, out) == [0, 0]
+    first, second = reports(out, "async_failure", 2)
+    assert first["errors"] == ["RankFailure"]  # rank 0: another rank failed
+    assert second["errors"] == ["OSError"]  # rank 1: its own error (the injected one)
+    assert first["steps"] == second["steps"] == [1, 3]  # step 2 never committed

@@ -36,3 +36,9 @@ def fsdp_run() -> Run:
         opt.zero_grad()
 
     return Run(state={"model": model, "optim": opt, "loader": loader}, step=step)
+
+
+def fsdp_run_async() -> Run:
+    """The same run, saving in the background (killed while a save may be in flight)."""
+    run = fsdp_run()
+    return Run(state=run.state, step=run.step, async_save=True)

@@ -180,8 +180,76 @@ def resume_dcp(rank: int, world: int, run: Path, out: Path) -> None:
     report(out / "dcp", f"dcp-calls{world}", rank, {"calls": len(calls)})
 
 
-def killed(rank: int, world: int, run: Path, out: Path) -> None:
-    """Commit step 1, then rank 1 dies in the middle of writing step 2."""
+def async_saves(rank: int, world: int, run: Path, out: Path) -> None:
+    """Background saves of a job: step 1 committed; step 2 staged, then the parameters
+    change at once (a snapshot must be written); a fresh job loads step 2 exactly."""
+    model = fsdp_model(world, seed=0)
+    torch.manual_seed(40 + rank)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    counter = {"step": 0}
+    with sk.Checkpointer(run, async_save=True) as ckpt:
+        train(model, opt, 1)
+        first = ckpt.save(1, app_state(model, opt, counter, None))
+        train(model, opt, 1)
+        counter["step"] = 2
+        staged = snapshot(model, opt)
+        pending = ckpt.save(2, app_state(model, opt, counter, None))  # waits for step 1
+        train(model, opt, 2)  # right away: the background write must not see this
+        info = pending.wait()
+    fresh = fsdp_model(world, seed=9)
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.05)
+    train(fresh, fresh_opt, 1)
+    got = {"step": 0}
+    sk.load(run, app_state(fresh, fresh_opt, got, None) | {"rng": sk.RNGState()})
+    loaded = snapshot(fresh, fresh_opt)
+    if rank == 0:
+        save_file({f"staged/{k}": v for k, v in staged.items()}, str(out / "async.safetensors"))
+        save_file({f"loaded/{k}": v for k, v in loaded.items()}, str(out / "async-l.safetensors"))
+    data = {"steps": [c.step for c in sk.list_checkpoints(run)], "info": info.step}
+    data["pending_type"] = type(first).__name__
+    report(out, "async", rank, data | {"counter": got["step"]})
+
+
+def async_failure(rank: int, world: int, run: Path, out: Path) -> None:
+    """Rank 1's background write fails: both ranks learn it at their next call; nothing is
+    committed past step 1."""
+    import statekeeper.distributed.save as save_module
+
+    model = fsdp_model(world, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    errors: list[str] = []
+    with sk.Checkpointer(run, async_save=True) as ckpt:
+        train(model, opt, 1)
+        ckpt.save(1, app_state(model, opt, {"step": 1}, None))
+        ckpt.wait()
+        if rank == 1:
+            real = save_module.write_shard
+
+            def broken(*args: Any, **kwargs: Any) -> Any:
+                raise OSError(28, "No space left on device (injected)")
+
+            save_module.write_shard = broken  # type: ignore[assignment]
+        pending = ckpt.save(2, app_state(model, opt, {"step": 2}, None))
+        try:
+            ckpt.wait()
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+        assert pending.done()
+        if rank == 1:
+            save_module.write_shard = real  # type: ignore[assignment]
+        info = ckpt.save(3, app_state(model, opt, {"step": 3}, None))  # the job goes on
+        info.wait()
+    report(
+        out,
+        "async_failure",
+        rank,
+        {"errors": errors, "steps": [c.step for c in sk.list_checkpoints(run)]},
+    )
+
+
+def killed(rank: int, world: int, run: Path, out: Path, background: bool = False) -> None:
+    """Commit step 1, then rank 1 dies in the middle of writing step 2 (in the background
+    with ``background``: ``save(blocking=False)``, then ``wait()``)."""
     model = fsdp_model(world, seed=0)
     torch.manual_seed(rank)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
@@ -196,11 +264,14 @@ def killed(rank: int, world: int, run: Path, out: Path) -> None:
 
         dcp_storage.ChunkWriter.write_data = die  # type: ignore[method-assign]
     try:
-        sk.save(run, state_of(model, opt, {"step": 2}), step=2)
+        if background:
+            sk.save(run, state_of(model, opt, {"step": 2}), step=2, blocking=False).wait()
+        else:
+            sk.save(run, state_of(model, opt, {"step": 2}), step=2)
         outcome = "saved"
     except Exception as exc:  # rank 0 must see the failure, not hang and not commit
         outcome = f"{type(exc).__name__}: {exc}"
-    report(out, "killed", rank, {"outcome": outcome})
+    report(out, "killed_async" if background else "killed", rank, {"outcome": outcome})
     os._exit(0)  # the group is broken: skip destroy_process_group
 
 
@@ -277,6 +348,9 @@ SCENARIOS = {
     "save": save_then_continue,
     "resume": resume,
     "resume_dcp": resume_dcp,
+    "async_saves": async_saves,
+    "async_failure": async_failure,
+    "killed_async": lambda rank, world, run, out: killed(rank, world, run, out, background=True),
     "killed": killed,
     "ddp": ddp,
     "faults": faults,

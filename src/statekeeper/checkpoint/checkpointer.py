@@ -91,11 +91,6 @@ class Checkpointer:
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)
-        if self._distributed and async_save:
-            raise InvalidArgumentError(
-                "async_save=True is not supported for distributed saves yet; use "
-                "async_save=False, or scope=Scope.LOCAL to checkpoint from one process"
-            )
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
         self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
@@ -109,7 +104,12 @@ class Checkpointer:
         self._resumed_from: int | None = None
         self._last_save = clock()
         self._closed = False
-        self._writer = AsyncWriter() if async_save else None  # owned: staging reused
+        # owned: its host buffers are reused from one save to the next
+        self._writer = (
+            (collective().async_writer() if self._distributed else AsyncWriter())
+            if async_save
+            else None
+        )
         self.preempted = False
         signals = signals_of(every)
         try:
@@ -237,8 +237,8 @@ class Checkpointer:
     ) -> CheckpointInfo | PendingSave:
         self._check_open()
         full = self._with_rng(state)
-        # a job-wide save is blocking (also for a Checkpointer made before the process group)
-        writer = None if is_distributed(self._scope, full) else writer
+        if is_distributed(self._scope, full) and not self._distributed:
+            writer = None  # made before the process group: its writer is a local one
         result = save_state(
             self.storage,
             full,

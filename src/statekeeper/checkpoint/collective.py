@@ -7,10 +7,11 @@ done belongs to a higher layer, :mod:`statekeeper.distributed`, which registers 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from statekeeper import extensions
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
 from statekeeper.errors import StatekeeperError
@@ -43,6 +44,25 @@ class Collective(Protocol):
         options: RestoreOptions,
     ) -> RestoreInfo:
         """Load a committed step into ``state`` on every rank."""
+        ...
+
+    def submit(
+        self,
+        storage: Storage,
+        state: Mapping[str, Any],
+        *,
+        step: int,
+        metrics: Mapping[str, Any] | None,
+        options: SaveOptions,
+        writer: AsyncWriter,
+        on_commit: Callable[[CheckpointInfo], None] | None,
+    ) -> PendingSave:
+        """Stage ``state`` on every rank and write the step in the background with
+        ``writer`` (one of :meth:`async_writer`'s)."""
+        ...
+
+    def async_writer(self) -> AsyncWriter:
+        """A writer of background job-wide saves (its host buffers belong to its owner)."""
         ...
 
     def decide(self, step: int, due: bool, signalled: bool, saved: bool) -> tuple[bool, bool, bool]:

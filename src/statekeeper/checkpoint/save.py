@@ -101,11 +101,16 @@ def save_state(
     ``on_commit(info)`` runs once the step is committed (retention).
     """
     validate_step(step)
-    if is_distributed(scope, state):
+    if is_distributed(scope, state):  # every rank; rank 0 takes the lock itself
         if writer is not None:
-            raise InvalidArgumentError(
-                "asynchronous saves are not supported for distributed saves yet; save with "
-                "blocking=True (every rank), or scope=Scope.LOCAL from one process"
+            return collective().submit(
+                storage,
+                state,
+                step=step,
+                metrics=metrics,
+                options=options,
+                writer=writer,
+                on_commit=on_commit,
             )
         info = collective().save(storage, state, step=step, metrics=metrics, options=options)
     else:
@@ -128,7 +133,7 @@ _in_flight: dict[str, AsyncWriter] = {}
 _in_flight_lock = threading.Lock()
 
 
-def _one_off_writer(storage: Storage) -> AsyncWriter:
+def _one_off_writer(storage: Storage, distributed: bool) -> AsyncWriter:
     with _in_flight_lock:
         for key, writer in list(_in_flight.items()):
             if writer.idle():
@@ -136,8 +141,9 @@ def _one_off_writer(storage: Storage) -> AsyncWriter:
         previous = _in_flight.pop(storage.describe(), None)
         if previous is not None:
             previous.wait()  # one save in flight per directory; raises its error if it failed
-        writer = _in_flight[storage.describe()] = AsyncWriter(Staging.RELEASE)
-        return writer
+        made = collective().async_writer() if distributed else AsyncWriter(Staging.RELEASE)
+        _in_flight[storage.describe()] = made
+        return made
 
 
 @overload
@@ -194,7 +200,9 @@ def save(
     a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
     the CheckpointInfo. The next save into the same directory waits for it and raises its
     error if it failed. The host copy is freed once the step is written; to save the same
-    state again and again, ``Checkpointer(..., async_save=True)`` keeps and reuses it.
+    state again and again, ``Checkpointer(..., async_save=True)`` keeps and reuses it. In a
+    job, every rank stages its own state and writes in the background (docs/distributed.md,
+    "Background saves in a job").
 
     In a multi-process job (``torch.distributed`` initialized, more than one rank) the
     default ``scope=Scope.AUTO`` makes this a collective: call it on every rank. Sharded
@@ -212,11 +220,6 @@ def save(
         raise InvalidArgumentError("progress= is only for blocking single-process saves")
     options = SaveOptions(overwrite=overwrite, shard_bytes=shard_bytes, progress=progress)
     distributed = is_distributed(scope, state)
-    if distributed and not blocking:
-        raise InvalidArgumentError(
-            "blocking=False is not supported for distributed saves yet; save with "
-            "blocking=True (every rank), or scope=Scope.LOCAL from one process"
-        )
     return save_state(
         storage,
         state,
@@ -224,6 +227,6 @@ def save(
         metrics=metrics,
         options=options,
         scope=scope,
-        writer=None if blocking else _one_off_writer(storage),
+        writer=None if blocking else _one_off_writer(storage, distributed),
         lock=None if distributed else storage.writer_lock(),  # a job's save: rank 0 locks
     )

@@ -21,6 +21,7 @@ from statekeeper.errors import RankFailure
 __all__ = [
     "CHECKPOINT_TIMEOUT",
     "agree",
+    "background_group",
     "broadcast",
     "checkpoint_group",
     "from_rank0",
@@ -46,6 +47,25 @@ def checkpoint_group() -> dist.ProcessGroup:
         group = dist.new_group(backend="gloo", timeout=CHECKPOINT_TIMEOUT)
         _groups.clear()  # a re-initialized job gets a new group; old ones are gone
         _groups[key] = group
+    return group
+
+
+_background: dict[int, dist.ProcessGroup] = {}
+atexit.register(_background.clear)
+
+
+def background_group() -> dist.ProcessGroup:
+    """The job's second gloo group, for background saves (created on first use, by every
+    rank, from the main thread): a background save's collectives never share a group with
+    the ones the training loop's thread runs meanwhile (``maybe_save``'s decision, loads)."""
+    checkpoint_group()  # the same creation order on every rank
+    default = dist.distributed_c10d._get_default_group()
+    key = id(default)
+    group = _background.get(key)
+    if group is None:
+        group = dist.new_group(backend="gloo", timeout=CHECKPOINT_TIMEOUT)
+        _background.clear()
+        _background[key] = group
     return group
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.distributed as dist
 
 from statekeeper.checkpoint.adapters import STATEFUL, Adapter, Kind, register
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.collective import register_collective
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
@@ -45,6 +46,34 @@ class Distributed:
         from statekeeper.distributed.load import load_distributed
 
         return load_distributed(storage, state, step=step, options=options)
+
+    def submit(
+        self,
+        storage: Storage,
+        state: Mapping[str, Any],
+        *,
+        step: int,
+        metrics: Mapping[str, Any] | None,
+        options: SaveOptions,
+        writer: AsyncWriter,
+        on_commit: Callable[[CheckpointInfo], None] | None,
+    ) -> PendingSave:
+        from statekeeper.distributed.async_save import JobWriter
+
+        if not isinstance(writer, JobWriter):
+            raise InvalidArgumentError(
+                "this background writer was made for single-process saves (the Checkpointer "
+                "was created before torch.distributed was initialized): create the "
+                "Checkpointer after init_process_group()"
+            )
+        return writer.submit_job(
+            storage, state, step=step, metrics=metrics, options=options, on_commit=on_commit
+        )
+
+    def async_writer(self) -> AsyncWriter:
+        from statekeeper.distributed.async_save import JobWriter
+
+        return JobWriter()
 
     def decide(self, step: int, due: bool, signalled: bool, saved: bool) -> tuple[bool, bool, bool]:
         import torch

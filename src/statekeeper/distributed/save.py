@@ -31,16 +31,23 @@ from statekeeper.checkpoint.save import capture
 from statekeeper.checkpoint.writer import check_step, encode_metrics, write_shard
 from statekeeper.distributed.dcp_storage import ChunkWriter, sharded_records
 from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather
-from statekeeper.distributed.state import capture_distributed, split
+from statekeeper.distributed.state import Split, capture_distributed, split
 from statekeeper.errors import InvalidArgumentError, RankFailure, StatekeeperError
 from statekeeper.format.dtypes import dtype_name
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
 from statekeeper.format.sharding import ShardedRecord, Sharding
 from statekeeper.format.values import Json
-from statekeeper.state.tree import flatten
+from statekeeper.state.tree import Flat, flatten
 from statekeeper.storage.base import FileWriter, SharedStorage, Storage, Transaction
 
-__all__ = ["save_distributed"]
+__all__ = [
+    "Begun",
+    "Captured",
+    "capture_step",
+    "captured_alike",
+    "save_distributed",
+    "write_captured",
+]
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,8 @@ class _RankPart:
     tensors: dict[str, TensorRecord]
 
 
-def _write_rank(files: FileWriter, rank: int, per_rank: Mapping[str, Any]) -> _RankPart:
-    flat = flatten(capture(per_rank), root=f"$rank/{rank}")  # "$": no clash with state paths
+def _write_rank(files: FileWriter, rank: int, flat: Flat) -> _RankPart:
+    """Write this rank's own (flattened) state into its file; what rank 0 records of it."""
     if not flat.tensors:
         return _RankPart(flat.skeleton, None, None, {})
     file = f"rank-{rank:05d}.safetensors"
@@ -64,6 +71,22 @@ def _write_rank(files: FileWriter, rank: int, per_rank: Mapping[str, Any]) -> _R
         n: TensorRecord(file, dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items()
     }
     return _RankPart(flat.skeleton, file, record, records)
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One rank's state for a step, flattened: its own entries (RNG, loaders, ``PerRank``)
+    and the job's (modules and optimizers as DCP state dicts, replicated entries)."""
+
+    per_rank: Flat
+    shared: Flat
+
+
+def capture_step(parts: Split, rank: int) -> Captured:
+    """This rank's state for a step: its own entries first (the RNG before any other
+    ``state_dict()``), then the job's."""
+    per_rank = flatten(capture(parts.per_rank), root=f"$rank/{rank}")  # "$": no path clash
+    return Captured(per_rank, flatten(capture_distributed(parts)))
 
 
 def _manifest(
@@ -114,6 +137,43 @@ def _begin(storage: Storage, step: int, overwrite: bool) -> Transaction:
     return storage.begin(step_entry(step), replace=exists)
 
 
+class Begun:
+    """A step begun by every rank: rank 0 holds the run's lock and the transaction."""
+
+    def __init__(self, storage: Storage, step: int, options: SaveOptions) -> None:
+        if not isinstance(storage, SharedStorage):
+            raise InvalidArgumentError(
+                f"{storage.describe()}: a distributed save needs a storage that several "
+                "processes can write (LocalStorage on a shared file system, or an fsspec URL)"
+            )
+        self.storage: SharedStorage = storage
+        self.group = checkpoint_group()
+        self.rank = dist.get_rank(self.group)
+        self.txn: Transaction | None = None
+        self._lock = storage.writer_lock() if self.rank == 0 else None
+        begun: BaseException | None = None
+        try:
+            if self._lock is not None:
+                self._lock.__enter__()
+                self.txn = _begin(storage, step, options.overwrite)
+        except BaseException as exc:
+            begun = exc
+        try:
+            entry = self.txn.entry if self.txn else None
+            self.entry: str = from_rank0(entry, begun, self.group, f"beginning step {step}")
+        except BaseException:
+            self.end(failed=True)
+            raise
+
+    def end(self, *, failed: bool) -> None:
+        """Abort the transaction (when ``failed``) and release the lock (rank 0)."""
+        if failed and self.txn is not None:
+            self.txn.abort()
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.__exit__(None, None, None)
+
+
 def save_distributed(
     storage: Storage,
     state: Mapping[str, Any],
@@ -123,59 +183,53 @@ def save_distributed(
     options: SaveOptions,
 ) -> CheckpointInfo:
     """Save ``state`` as step ``step`` with every rank of the job (call it on all ranks)."""
-    if not isinstance(storage, SharedStorage):
-        raise InvalidArgumentError(
-            f"{storage.describe()}: a distributed save needs a storage that several processes "
-            "can write (LocalStorage on a shared file system, or an fsspec URL)"
-        )
-    group = checkpoint_group()
-    rank = dist.get_rank(group)
     parts = split(state)
-    txn: Transaction | None = None
-    lock = storage.writer_lock() if rank == 0 else None
-    begun: BaseException | None = None
+    begun = Begun(storage, step, options)
+    failed = True
     try:
-        if lock is not None:
-            lock.__enter__()
-            txn = _begin(storage, step, options.overwrite)
-    except BaseException as exc:
-        begun = exc
-    try:
-        entry = from_rank0(txn.entry if txn else None, begun, group, f"beginning step {step}")
-        return _write_all(storage, txn, entry, rank, group, parts, step, metrics, options)
-    except BaseException:
-        if txn is not None:
-            txn.abort()
-        raise
+        captured = captured_alike(begun, lambda: capture_step(parts, begun.rank), step)
+        info = write_captured(begun, begun.group, captured, step, metrics, options)
+        failed = False
+        return info
     finally:
-        if lock is not None:
-            lock.__exit__(None, None, None)
+        begun.end(failed=failed)
 
 
-def _write_all(
-    storage: SharedStorage,
-    txn: Transaction | None,
-    entry: str,
-    rank: int,
+def captured_alike(begun: Begun, capture_now: Any, step: int) -> Captured:
+    """``capture_now()`` on every rank; all ranks learn whether any failed."""
+    failure: BaseException | None = None
+    captured: Captured | None = None
+    try:
+        captured = capture_now()
+    except BaseException as exc:
+        failure = exc
+    agree(failure, begun.group, f"capturing the state of step {step}")
+    assert captured is not None  # or agree() raised
+    return captured
+
+
+def write_captured(
+    begun: Begun,
     group: dist.ProcessGroup,
-    parts: Any,
+    captured: Captured,
     step: int,
     metrics: Mapping[str, Any] | None,
     options: SaveOptions,
 ) -> CheckpointInfo:
+    """Write a captured step with every rank, over ``group``, then commit (rank 0)."""
+    storage, txn, rank = begun.storage, begun.txn, begun.rank
     failure: BaseException | None = None
     mine: _RankPart | None = None
-    flat = None
     files: FileWriter | None = txn
     try:
         if files is None:
-            files = storage.attach(entry)
-        mine = _write_rank(files, rank, parts.per_rank)  # RNG before any other state_dict()
-        flat = flatten(capture_distributed(parts))
+            files = storage.attach(begun.entry)
+        mine = _write_rank(files, rank, captured.per_rank)
     except BaseException as exc:
         failure = exc
-    agree(failure, group, f"capturing the state of step {step}")
-    assert flat is not None and mine is not None and files is not None  # or agree() raised
+    agree(failure, group, f"writing the per-rank state of step {step}")
+    assert mine is not None and files is not None  # or agree() raised
+    flat = captured.shared
     writer = ChunkWriter(files)
     try:
         dcp_save(dict(flat.tensors), storage_writer=writer, planner=_planner(), process_group=group)

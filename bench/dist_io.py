@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import shutil
@@ -162,9 +163,74 @@ def rank_main(args: argparse.Namespace, root: Path, out: Path) -> None:
         dist.barrier()
     for key, profile in profiles.items():
         profile.dump_stats(str(Path(args.profile) / f"{key}-rank{rank}.pstats"))
+    background = _async_rows(args, root, rank, state, dcp_state, local_tensors)
     if rank == 0:
-        result = {"times": times, "orders": orders, "bytes": size}
+        result = {"times": times, "orders": orders, "bytes": size, "async": background}
         (out / "result.json").write_text(json.dumps(result))
+
+
+def _async_rows(
+    args: argparse.Namespace,
+    root: Path,
+    rank: int,
+    state: dict[str, Any],
+    dcp_state: Callable[[], dict[str, Any]],
+    local_tensors: Callable[[], list[torch.Tensor]],
+) -> dict[str, Any]:
+    """Background saves: each rank's caller stall (until the call returns) and the time until
+    the step is committed, against the floor of a stall, a plain copy of this rank's tensors
+    into preallocated buffers, and against DCP's ``async_save``, in alternating order."""
+    import torch.distributed.checkpoint as dcp
+
+    import statekeeper as sk
+
+    buffers = [torch.empty_like(t) for t in local_tensors()]
+
+    def copy() -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(buffers, local_tensors())
+
+    run_dir = root / "sk-async"
+    ckpt = sk.Checkpointer(run_dir, async_save=True)
+    times: dict[str, list[float]] = {"copy": [], "sk_stall": [], "sk_commit": []}
+    times |= {"dcp_stall": [], "dcp_commit": []}
+    errors: dict[str, str] = {}
+    for r in range(args.warmup + args.runs):
+        timed = r >= args.warmup
+        copy()
+        dist.barrier()
+        start = time.perf_counter()
+        copy()
+        if timed:
+            times["copy"].append(time.perf_counter() - start)
+        for who in ("sk", "dcp") if r % 2 == 0 else ("dcp", "sk"):
+            dist.barrier()
+            gc.collect()
+            start = time.perf_counter()
+            try:
+                if who == "sk":
+                    pending: Any = ckpt.save(r + 1, state)
+                else:
+                    path = str(root / f"dcp-async-{r}")
+                    pending = dcp.async_save(dcp_state(), storage_writer=dcp.FileSystemWriter(path))
+                stall = time.perf_counter() - start
+                pending.wait() if who == "sk" else pending.result()
+                commit = time.perf_counter() - start
+            except Exception as exc:  # reported, not fatal: the other rows stand
+                errors[who] = f"{type(exc).__name__}: {exc}"[:300]
+                continue
+            if timed:
+                times[f"{who}_stall"].append(stall)
+                times[f"{who}_commit"].append(commit)
+        dist.barrier()
+        if rank == 0:
+            for path in [*run_dir.glob("step_*"), *root.glob("dcp-async-*")]:
+                shutil.rmtree(path, ignore_errors=True)
+        dist.barrier()
+    ckpt.close()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, times)
+    return {"per_rank": every, "errors": errors}
 
 
 def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
@@ -250,6 +316,21 @@ def main() -> None:
             f"per round {ratio['paired_median']:.2f}x "
             f"({ratio['paired_min']:.2f}-{ratio['paired_max']:.2f})"
         )
+    _print_async(result["async"])
+
+
+def _print_async(background: dict[str, Any]) -> None:
+    print("background saves (per rank, median s): stall until the call returns, and commit")
+    for rank, times in enumerate(background["per_rank"]):
+        med = {k: statistics.median(v) if v else float("nan") for k, v in times.items()}
+        print(
+            f"  rank {rank}: copy {med['copy']:.3f}; statekeeper stall {med['sk_stall']:.3f} "
+            f"({med['sk_stall'] / med['copy']:.2f}x copy), commit {med['sk_commit']:.3f}; "
+            f"DCP async_save stall {med['dcp_stall']:.3f} "
+            f"(sk/DCP {med['sk_stall'] / med['dcp_stall']:.2f}x), commit {med['dcp_commit']:.3f}"
+        )
+    for who, error in background["errors"].items():
+        print(f"  {who} failed on rank 0: {error}")
 
 
 if __name__ == "__main__":

@@ -187,27 +187,46 @@ class AsyncWriter:
         stack = ExitStack()
         if lock is not None:
             stack.enter_context(lock)
+
+        def work() -> CheckpointInfo:
+            with stack:
+                info = commit(storage, snapshot[0], step=step, options=options)
+                if on_commit is not None:
+                    on_commit(info)
+            return info
+
+        def cleanup() -> None:
+            snapshot.clear()
+            if self._release:
+                self._staging = self._staged = None
+
+        return self._background(step, work, cleanup, f"statekeeper-save-{step}")
+
+    def _background(
+        self,
+        step: int,
+        work: Callable[[], CheckpointInfo],
+        cleanup: Callable[[], None],
+        name: str,
+    ) -> PendingSave:
+        """Run ``work`` (write, commit, retention) in a thread of its own, then ``cleanup``.
+        Its result or error goes to the PendingSave returned; an error is also kept for the
+        caller's next call. The error's traceback stays, its frames' locals go: they would
+        hold the staged tensors."""
         pending = PendingSave(self, step)
 
         def run() -> None:
             try:
-                with stack:
-                    info = commit(storage, snapshot[0], step=step, options=options)
-                    if on_commit is not None:
-                        on_commit(info)
-                pending._info = info
+                pending._info = work()
             except BaseException as exc:  # kept and raised on the caller's next call
-                # the traceback stays, its frames' locals go: they hold the staged tensors
                 traceback.clear_frames(exc.__traceback__)
                 pending._error = exc
             finally:
-                snapshot.clear()
-                if self._release:
-                    self._staging = self._staged = None
+                cleanup()
                 pending._done.set()
 
         self._pending = self._unreported = pending
-        threading.Thread(target=run, name=f"statekeeper-save-{step}", daemon=False).start()
+        threading.Thread(target=run, name=name, daemon=False).start()
         return pending
 
     def close(self) -> None:

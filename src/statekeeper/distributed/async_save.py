@@ -15,8 +15,6 @@ change parameters as soon as the call returns.
 
 from __future__ import annotations
 
-import threading
-import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -114,24 +112,17 @@ class JobWriter(AsyncWriter):
         except BaseException:
             begun.end(failed=True)
             raise
-        pending = PendingSave(self, step)
+        failed = [True]
 
-        def run() -> None:
-            failed = True
-            try:
-                info = write_captured(begun, group, staged[0], step, metrics, options)
-                failed = False
-                if on_commit is not None:
-                    on_commit(info)
-                pending._info = info
-            except BaseException as exc:  # kept and raised by this rank's next call
-                traceback.clear_frames(exc.__traceback__)
-                pending._error = exc
-            finally:
-                staged.clear()
-                begun.end(failed=failed)
-                pending._done.set()
+        def work() -> CheckpointInfo:
+            info = write_captured(begun, group, staged[0], step, metrics, options)
+            failed.clear()  # committed: a failure of on_commit (retention) aborts nothing
+            if on_commit is not None:
+                on_commit(info)
+            return info
 
-        self._pending = self._unreported = pending
-        threading.Thread(target=run, name=f"statekeeper-job-save-{step}", daemon=False).start()
-        return pending
+        def cleanup() -> None:
+            staged.clear()
+            begun.end(failed=bool(failed))
+
+        return self._background(step, work, cleanup, f"statekeeper-job-save-{step}")

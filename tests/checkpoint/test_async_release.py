@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +53,15 @@ def test_an_unreported_failure_is_raised_by_the_next_save_there() -> None:
         sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False)
     sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False).wait()
     assert [c.step for c in sk.list_checkpoints(storage)] == [2]
+
+
+def test_background_saves_to_an_fsspec_url_release_the_lock_from_the_writing_thread(
+    tmp_path: Path,
+) -> None:
+    url = f"file://{tmp_path / 'run'}"
+    x = torch.arange(4.0)
+    sk.save(url, {"x": x}, step=1, blocking=False).wait()
+    sk.save(url, {"x": x}, step=2, blocking=False).wait()  # the lock was released
+    with sk.Checkpointer(url, async_save=True) as ckpt:
+        ckpt.save(3, {"x": x})
+    assert [c.step for c in sk.list_checkpoints(url)] == [1, 2, 3]

@@ -287,3 +287,14 @@ def test_a_background_failure_on_one_rank_surfaces_on_every_rank(tmp_path: Path)
     assert first["errors"] == ["RankFailure"]  # rank 0: another rank failed
     assert second["errors"] == ["OSError"]  # rank 1: its own error (the injected one)
     assert first["steps"] == second["steps"] == [1, 3]  # step 2 never committed
+
+
+def test_two_background_writers_and_a_retention_failure_on_one_rank(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    assert launch("async_writers", 2, run, out) == [0, 0]
+    first, second = reports(out, "async_writers", 2)
+    assert first["errors"] == ["OSError"] and second["errors"] == ["RankFailure"]
+    assert first["steps"] == second["steps"]
+    assert first["steps"]["b"] == [1, 2, 3]
+    assert first["steps"]["a"] == [4]  # KeepLatest(1) after step 4 (its retention worked)

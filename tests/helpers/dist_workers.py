@@ -247,6 +247,39 @@ def async_failure(rank: int, world: int, run: Path, out: Path) -> None:
     )
 
 
+def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
+    """Two background writers of one job at once (a Checkpointer with retention and a one-off
+    save into another directory), then a retention failure on rank 0 only: every rank learns
+    it, and the job goes on."""
+    model = fsdp_model(world, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    state = app_state(model, opt, {"step": 0}, None)
+    errors: list[str] = []
+    with sk.Checkpointer(run / "a", async_save=True, keep=sk.KeepLatest(1)) as ckpt:
+        for step in (1, 2):
+            train(model, opt, 1)
+            ckpt.save(step, state)
+            sk.save(run / "b", state, step=step, blocking=False)  # in flight together
+        ckpt.wait()
+        sk.save(run / "b", state, step=3, blocking=False).wait()
+        real = ckpt._retain
+        if rank == 0:
+
+            def broken(newest: int) -> None:
+                raise OSError(5, "retention failed (injected)")
+
+            ckpt._retain = broken  # type: ignore[method-assign]
+        ckpt.save(3, state)
+        try:
+            ckpt.wait()
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+        ckpt._retain = real  # type: ignore[method-assign]
+        ckpt.save(4, state).wait()  # the job goes on: no collective was left unmatched
+    steps = {d: [c.step for c in sk.list_checkpoints(run / d)] for d in ("a", "b")}
+    report(out, "async_writers", rank, {"steps": steps, "errors": errors})
+
+
 def killed(rank: int, world: int, run: Path, out: Path, background: bool = False) -> None:
     """Commit step 1, then rank 1 dies in the middle of writing step 2 (in the background
     with ``background``: ``save(blocking=False)``, then ``wait()``)."""
@@ -350,6 +383,7 @@ SCENARIOS = {
     "resume_dcp": resume_dcp,
     "async_saves": async_saves,
     "async_failure": async_failure,
+    "async_writers": async_writers,
     "killed_async": lambda rank, world, run, out: killed(rank, world, run, out, background=True),
     "killed": killed,
     "ddp": ddp,

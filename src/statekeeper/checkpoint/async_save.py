@@ -225,8 +225,13 @@ class AsyncWriter:
                 cleanup()
                 pending._done.set()
 
+        thread = threading.Thread(target=run, name=name, daemon=False)
+        try:
+            thread.start()
+        except BaseException:
+            cleanup()  # nothing was written: the step is aborted, the lock released
+            raise
         self._pending = self._unreported = pending
-        threading.Thread(target=run, name=name, daemon=False).start()
         return pending
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
 
-from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial, warn_if_foreign
@@ -106,7 +106,7 @@ class Checkpointer:
         self._closed = False
         # owned: its host buffers are reused from one save to the next
         self._writer = (
-            (collective().async_writer() if self._distributed else AsyncWriter())
+            (collective().async_writer(Staging.REUSE) if self._distributed else AsyncWriter())
             if async_save
             else None
         )

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from statekeeper import extensions
-from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
 from statekeeper.errors import StatekeeperError
@@ -61,8 +61,9 @@ class Collective(Protocol):
         ``writer`` (one of :meth:`async_writer`'s)."""
         ...
 
-    def async_writer(self) -> AsyncWriter:
-        """A writer of background job-wide saves (its host buffers belong to its owner)."""
+    def async_writer(self, staging: Staging) -> AsyncWriter:
+        """A writer of background job-wide saves (its host buffers belong to its owner;
+        ``staging`` says whether they are kept between saves)."""
         ...
 
     def decide(self, step: int, due: bool, signalled: bool, saved: bool) -> tuple[bool, bool, bool]:

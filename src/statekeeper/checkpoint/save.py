@@ -141,7 +141,11 @@ def _one_off_writer(storage: Storage, distributed: bool) -> AsyncWriter:
         previous = _in_flight.pop(storage.describe(), None)
         if previous is not None:
             previous.wait()  # one save in flight per directory; raises its error if it failed
-        made = collective().async_writer() if distributed else AsyncWriter(Staging.RELEASE)
+        made = (
+            collective().async_writer(Staging.RELEASE)
+            if distributed
+            else AsyncWriter(Staging.RELEASE)
+        )
         _in_flight[storage.describe()] = made
         return made
 

@@ -15,16 +15,18 @@ change parameters as soon as the call returns.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.options import SaveOptions
-from statekeeper.distributed.group import background_group
+from statekeeper.distributed.group import agree, background_group
 from statekeeper.distributed.save import (
     Begun,
     Captured,
@@ -42,8 +44,8 @@ __all__ = ["JobWriter"]
 class JobWriter(AsyncWriter):
     """One background save of this rank at a time, with host buffers reused between saves."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, staging: Staging = Staging.REUSE) -> None:
+        super().__init__(staging)
         self._buffers: dict[str, torch.Tensor] = {}
         self._wrapped: dict[str, tuple[tuple[object, ...], torch.Tensor]] = {}
 
@@ -55,15 +57,18 @@ class JobWriter(AsyncWriter):
         return buf
 
     def _wrap(self, name: str, t: DTensor, buf: torch.Tensor) -> torch.Tensor:
-        """``buf`` as a DTensor like ``t``; the wrapper is kept while the buffer and the
-        layout repeat (making one costs about 0.1 ms, per tensor, at every save)."""
+        """``buf`` itself as a DTensor like ``t`` (same mesh, placements, global shape and
+        stride), kept while the buffer and the layout repeat. Built from its spec, not with
+        ``from_local``, which would move a host buffer to a CUDA mesh's device (a copy)."""
         key = (id(buf), t.device_mesh, tuple(t.placements), tuple(t.shape), t.stride())
         known = self._wrapped.get(name)
         if known is not None and known[0] == key:
             return known[1]
-        wrapped = DTensor.from_local(
-            buf, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
-        )
+        meta = TensorMeta(t.shape, t.stride(), t.dtype)
+        spec = DTensorSpec(t.device_mesh, tuple(t.placements), tensor_meta=meta)
+        wrapped = DTensor(buf, spec, requires_grad=False)  # type: ignore[no-untyped-call]
+        if wrapped.to_local().data_ptr() != buf.data_ptr():  # pragma: no cover - torch changed
+            raise RuntimeError("a staged DTensor does not wrap its host buffer")
         self._wrapped[name] = (key, wrapped)
         return wrapped
 
@@ -98,6 +103,22 @@ class JobWriter(AsyncWriter):
     ) -> PendingSave:
         """Stage this rank's state and write the step in the background (every rank)."""
         self.wait()
+        _one_at_a_time.acquire()  # background collectives of two writers never interleave
+        try:
+            return self._submit(storage, state, step, metrics, options, on_commit)
+        except BaseException:
+            _one_at_a_time.release()
+            raise
+
+    def _submit(
+        self,
+        storage: Storage,
+        state: Mapping[str, Any],
+        step: int,
+        metrics: Mapping[str, Any] | None,
+        options: SaveOptions,
+        on_commit: Callable[[CheckpointInfo], None] | None,
+    ) -> PendingSave:
         parts = split(state)
         begun = Begun(storage, step, options)
         try:
@@ -116,13 +137,29 @@ class JobWriter(AsyncWriter):
 
         def work() -> CheckpointInfo:
             info = write_captured(begun, group, staged[0], step, metrics, options)
-            failed.clear()  # committed: a failure of on_commit (retention) aborts nothing
-            if on_commit is not None:
-                on_commit(info)
+            failed.clear()  # committed: what follows aborts nothing
+            retention: BaseException | None = None
+            try:
+                if on_commit is not None:
+                    on_commit(info)  # retention: work on rank 0 only
+            except Exception as exc:
+                retention = exc
+            agree(retention, group, f"applying retention after step {step}")  # every rank
             return info
 
         def cleanup() -> None:
             staged.clear()
-            begun.end(failed=bool(failed))
+            try:
+                begun.end(failed=bool(failed))
+            finally:
+                if self._release:
+                    self._buffers.clear()
+                    self._wrapped.clear()
+                _one_at_a_time.release()
 
         return self._background(step, work, cleanup, f"statekeeper-job-save-{step}")
+
+
+_one_at_a_time = threading.Lock()
+"""One background job save in flight per process: each runs collectives on the one
+background group, which two threads must not use at once."""

@@ -8,7 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from statekeeper.checkpoint.adapters import STATEFUL, Adapter, Kind, register
-from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
+from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import register_collective
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
@@ -70,10 +70,10 @@ class Distributed:
             storage, state, step=step, metrics=metrics, options=options, on_commit=on_commit
         )
 
-    def async_writer(self) -> AsyncWriter:
+    def async_writer(self, staging: Staging) -> AsyncWriter:
         from statekeeper.distributed.async_save import JobWriter
 
-        return JobWriter()
+        return JobWriter(staging)
 
     def decide(self, step: int, due: bool, signalled: bool, saved: bool) -> tuple[bool, bool, bool]:
         import torch

@@ -99,7 +99,8 @@ class FsspecStorage:
         self.url = url.rstrip("/") + ("//" if url.rstrip("/").endswith(":") else "")
         self.marker = marker
         self.fs, self.root = _filesystem(url, storage_options)
-        self._mutex = threading.RLock()
+        self._mutex = threading.Lock()
+        self._depth = 0
 
     def path(self, entry: str = "", name: str = "") -> str:
         return "/".join(p for p in (self.root, entry, name) if p)
@@ -187,6 +188,13 @@ class FsspecStorage:
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
-        """Exclusive within this process only (object stores have no portable lock)."""
+        """Held by this object, re-entered freely (a Checkpointer holds it, its saves take it
+        again), and released by whichever thread ends the write (a background save).
+        Object stores have no portable lock, so nothing excludes another process."""
         with self._mutex:
+            self._depth += 1
+        try:
             yield
+        finally:
+            with self._mutex:
+                self._depth -= 1

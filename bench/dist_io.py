@@ -1,8 +1,9 @@
 """Multi-process save and load: statekeeper against DCP's own FileSystemWriter/Reader.
 
-``.venv/bin/python -m bench.dist_io [--world 2] [--size-mib 256] [--runs 5] [--warmup 1]``
-launches ``--world`` CPU ranks (gloo). Each builds the same FSDP2 model (about ``--size-mib``
-of float32 parameters, plus Adam's two moments after one step, so three times that in all),
+``.venv/bin/python -m bench.dist_io [--world 2] [--size-mib 256] [--runs 5] [--warmup 1]
+[--rows all|sync|async] [--device cpu|cuda]`` launches ``--world`` ranks (gloo; with
+``--device cuda`` one GPU per rank, NCCL for the model). Each builds the same FSDP2
+model (about ``--size-mib`` of float32 parameters, plus Adam's two moments after one step, so three times that in all),
 then runs ``--warmup`` untimed rounds and ``--runs`` timed ones. A round saves with both
 contenders (statekeeper ``save``, ``torch.distributed.checkpoint.save`` with
 ``FileSystemWriter``), then loads what each saved (statekeeper ``load``, DCP ``load`` with
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ CONTENDERS = ("sk", "dcp")
 OPS = ("save", "load")
 
 
-def _model(world: int, size_mib: int) -> torch.nn.Module:
+def _model(world: int, size_mib: int, device: str = "cpu") -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -53,7 +55,8 @@ def _model(world: int, size_mib: int) -> torch.nn.Module:
     width = 1024
     layers = max(1, size_mib * (1 << 20) // (4 * width * width))
     model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
-    mesh = init_device_mesh("cpu", (world,))
+    model.to(device)
+    mesh = init_device_mesh(device, (world,))
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -91,9 +94,9 @@ def rank_main(args: argparse.Namespace, root: Path, out: Path) -> None:
     import statekeeper as sk
 
     rank = dist.get_rank()
-    model = _model(args.world, args.size_mib)
+    model = _model(args.world, args.size_mib, args.device)
     opt = torch.optim.Adam(model.parameters())
-    model(torch.randn(4, 1024)).sum().backward()
+    model(torch.randn(4, 1024, device=args.device)).sum().backward()
     opt.step()
     state = {"model": model, "optim": opt}
 
@@ -139,7 +142,7 @@ def rank_main(args: argparse.Namespace, root: Path, out: Path) -> None:
     times: dict[str, list[float]] = {key: [] for key in keys}
     orders: list[list[str]] = []
     size = 0
-    for r in range(args.warmup + args.runs):
+    for r in range(args.warmup + args.runs if args.rows != "async" else 0):
         timed = r >= args.warmup
         order = _order(r)
         paths = {who: root / f"{who}-{r}" for who in CONTENDERS}
@@ -163,7 +166,9 @@ def rank_main(args: argparse.Namespace, root: Path, out: Path) -> None:
         dist.barrier()
     for key, profile in profiles.items():
         profile.dump_stats(str(Path(args.profile) / f"{key}-rank{rank}.pstats"))
-    background = _async_rows(args, root, rank, state, dcp_state, local_tensors)
+    background = None
+    if args.rows != "sync":
+        background = _async_rows(args, root, rank, state, dcp_state, local_tensors)
     if rank == 0:
         result = {"times": times, "orders": orders, "bytes": size, "async": background}
         (out / "result.json").write_text(json.dumps(result))
@@ -177,44 +182,77 @@ def _async_rows(
     dcp_state: Callable[[], dict[str, Any]],
     local_tensors: Callable[[], list[torch.Tensor]],
 ) -> dict[str, Any]:
-    """Background saves: each rank's caller stall (until the call returns) and the time until
-    the step is committed, against the floor of a stall, a plain copy of this rank's tensors
-    into preallocated buffers, and against DCP's ``async_save``, in alternating order."""
+    """Background saves: each rank's caller stall (until the state may change again) and
+    the time until the step is committed, against the floor of a stall, a plain copy of
+    this rank's tensors (listed beforehand) into preallocated buffers (pinned, from a GPU),
+    and against DCP's ``async_save``: its default and its ``DefaultStager`` (staging in the
+    background; its stall lasts until ``staging_completion``). The four take turns, the
+    order rotating per round; before each, every rank syncs the file system (no writeback
+    of the last one's files during the next), meets the others and collects garbage."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     import statekeeper as sk
 
-    buffers = [torch.empty_like(t) for t in local_tensors()]
+    cuda = args.device == "cuda"
+    sources = local_tensors()
+    buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in sources]
 
     def copy() -> None:
         with torch.no_grad():
-            torch._foreach_copy_(buffers, local_tensors())
+            torch._foreach_copy_(buffers, sources, non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+
+    def stager() -> DefaultStager:
+        options = StagingOptions(cuda, False, True, cuda)  # pinned, no shm, async, non-blocking
+        return DefaultStager(options)
 
     run_dir = root / "sk-async"
     ckpt = sk.Checkpointer(run_dir, async_save=True)
-    times: dict[str, list[float]] = {"copy": [], "sk_stall": [], "sk_commit": []}
-    times |= {"dcp_stall": [], "dcp_commit": []}
+    who_all = ("copy", "sk", "dcp", "dcp_stager")
+    times: dict[str, list[float]] = {"copy": []}
+    for who in who_all[1:]:
+        times |= {f"{who}_stall": [], f"{who}_commit": []}
     errors: dict[str, str] = {}
+    size = 0
+    copy()  # the buffers' pages are touched before any timing
     for r in range(args.warmup + args.runs):
         timed = r >= args.warmup
-        copy()
-        dist.barrier()
-        start = time.perf_counter()
-        copy()
-        if timed:
-            times["copy"].append(time.perf_counter() - start)
-        for who in ("sk", "dcp") if r % 2 == 0 else ("dcp", "sk"):
+        k = r % len(who_all)
+        for who in who_all[k:] + who_all[:k]:
+            if who in errors:
+                continue
+            os.sync()  # the last contender's files are on disk: no writeback during the next
             dist.barrier()
             gc.collect()
+            path = str(root / f"dcp-async-{who}-{r}")
             start = time.perf_counter()
             try:
+                if who == "copy":
+                    copy()
+                    if timed:
+                        times["copy"].append(time.perf_counter() - start)
+                    continue
                 if who == "sk":
                     pending: Any = ckpt.save(r + 1, state)
+                    stall = time.perf_counter() - start
+                    pending.wait()
+                elif who == "dcp":
+                    writer = dcp.FileSystemWriter(path)
+                    pending = dcp.async_save(dcp_state(), storage_writer=writer)
+                    stall = time.perf_counter() - start
+                    pending.result()
                 else:
-                    path = str(root / f"dcp-async-{r}")
-                    pending = dcp.async_save(dcp_state(), storage_writer=dcp.FileSystemWriter(path))
-                stall = time.perf_counter() - start
-                pending.wait() if who == "sk" else pending.result()
+                    writer = dcp.FileSystemWriter(path)
+                    response = dcp.async_save(
+                        dcp_state(), storage_writer=writer, async_stager=stager()
+                    )
+                    if isinstance(response, Future):  # pragma: no cover - torch's choice
+                        raise TypeError("async_save with a stager returned a bare Future")
+                    response.staging_completion.result()  # the state may change from here
+                    stall = time.perf_counter() - start
+                    response.upload_completion.result()
                 commit = time.perf_counter() - start
             except Exception as exc:  # reported, not fatal: the other rows stand
                 errors[who] = f"{type(exc).__name__}: {exc}"[:300]
@@ -224,13 +262,17 @@ def _async_rows(
                 times[f"{who}_commit"].append(commit)
         dist.barrier()
         if rank == 0:
-            for path in [*run_dir.glob("step_*"), *root.glob("dcp-async-*")]:
-                shutil.rmtree(path, ignore_errors=True)
+            steps = list(run_dir.glob("step_*"))
+            size = sum(f.stat().st_size for d in steps for f in d.rglob("*") if f.is_file())
+            for found in [*steps, *root.glob("dcp-async-*")]:
+                shutil.rmtree(found, ignore_errors=True)
         dist.barrier()
     ckpt.close()
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, times)
-    return {"per_rank": every, "errors": errors}
+    every_errors = [None] * dist.get_world_size()
+    dist.all_gather_object(every_errors, errors)
+    return {"per_rank": every, "errors": every_errors, "bytes": size}
 
 
 def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
@@ -280,11 +322,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--profile", metavar="DIR", help="cProfile each call, per rank")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=(
+        "where the model lives; cuda: one GPU per rank (--world at most the GPU count), "
+        "NCCL for the model and gloo for the checkpoints' collectives"
+    ))  # fmt: skip
+    parser.add_argument("--rows", choices=("all", "sync", "async"), default="all")
     args = parser.parse_args()
     if args.runs < 1 or args.warmup < 0:
         parser.error("--runs must be at least 1 and --warmup at least 0")
     if "RANK" in os.environ:  # one rank of the job
-        dist.init_process_group("gloo")
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ["RANK"]) % torch.cuda.device_count())
+        dist.init_process_group("cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo")
         try:
             rank_main(args, Path(os.environ["BENCH_ROOT"]), Path(os.environ["BENCH_OUT"]))
         finally:
@@ -295,17 +344,17 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     result = _launch(args)
     load_after = os.getloadavg()[0]
-    summary = _summary(result["times"])
+    summary = _summary(result["times"]) if args.rows != "async" else {}
     if args.json:
         print(json.dumps({"summary": summary, "loadavg": [load_before, load_after], **result}))
         return
-    mib = result["bytes"] / (1 << 20)
+    mib = (result["bytes"] or (result["async"] or {}).get("bytes", 0)) / (1 << 20)
     print(
-        f"world {args.world}, {mib:.0f} MiB per checkpoint (model + Adam), "
+        f"world {args.world} on {args.device}, {mib:.0f} MiB per checkpoint (model + Adam), "
         f"{args.warmup} warm-up + {args.runs} timed rounds, order alternating; "
         f"load average {load_before:.2f} before, {load_after:.2f} after"
     )
-    for op in OPS:
+    for op in OPS if summary else ():
         cells = []
         for who, label in (("sk", "statekeeper"), ("dcp", "DCP")):
             s = summary[f"{who}_{op}"]
@@ -316,21 +365,43 @@ def main() -> None:
             f"per round {ratio['paired_median']:.2f}x "
             f"({ratio['paired_min']:.2f}-{ratio['paired_max']:.2f})"
         )
-    _print_async(result["async"])
+    if result["async"] is not None:
+        _print_async(result["async"], args.device)
 
 
-def _print_async(background: dict[str, Any]) -> None:
-    print("background saves (per rank, median s): stall until the call returns, and commit")
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.4f}-{max(values):.4f}"
+
+
+def _print_async(background: dict[str, Any], device: str) -> None:
+    floor = "pinned device-to-host copy" if device == "cuda" else "copy into buffers"
+    print(
+        "background saves, per rank, median (min-max) s: stall until the state may change "
+        f"again, as a multiple of a plain {floor} of the rank's tensors; commit"
+    )
     for rank, times in enumerate(background["per_rank"]):
         med = {k: statistics.median(v) if v else float("nan") for k, v in times.items()}
-        print(
-            f"  rank {rank}: copy {med['copy']:.3f}; statekeeper stall {med['sk_stall']:.3f} "
-            f"({med['sk_stall'] / med['copy']:.2f}x copy), commit {med['sk_commit']:.3f}; "
-            f"DCP async_save stall {med['dcp_stall']:.3f} "
-            f"(sk/DCP {med['sk_stall'] / med['dcp_stall']:.2f}x), commit {med['dcp_commit']:.3f}"
-        )
-    for who, error in background["errors"].items():
-        print(f"  {who} failed on rank 0: {error}")
+        print(f"  rank {rank}: copy {med['copy']:.4f} ({_spread(times['copy'])})")
+        for who, label in (
+            ("sk", "statekeeper"),
+            ("dcp", "DCP async_save"),
+            ("dcp_stager", "DCP async_save + DefaultStager"),
+        ):
+            stalls = times[f"{who}_stall"]
+            if not stalls:
+                continue
+            print(
+                f"    {label}: stall {med[who + '_stall']:.4f} ({_spread(stalls)}) = "
+                f"{med[who + '_stall'] / med['copy']:.2f}x copy; commit {med[who + '_commit']:.3f}"
+            )
+        for rival in ("dcp", "dcp_stager"):
+            if times[f"{rival}_stall"]:
+                print(
+                    f"    statekeeper/{rival} stall: {med['sk_stall'] / med[rival + '_stall']:.2f}x"
+                )
+    for rank, errors in enumerate(background["errors"]):
+        for who, error in errors.items():
+            print(f"  {who} failed on rank {rank}: {error}")
 
 
 if __name__ == "__main__":

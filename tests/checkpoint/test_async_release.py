@@ -4,6 +4,7 @@ the next save into the same directory reports the failure once."""
 from __future__ import annotations
 
 import gc
+import threading
 import warnings
 from pathlib import Path
 
@@ -65,3 +66,29 @@ def test_background_saves_to_an_fsspec_url_release_the_lock_from_the_writing_thr
     with sk.Checkpointer(url, async_save=True) as ckpt:
         ckpt.save(3, {"x": x})
     assert [c.step for c in sk.list_checkpoints(url)] == [1, 2, 3]
+
+
+def _save_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("statekeeper-save")]
+
+
+def test_a_checkpointer_keeps_one_writing_thread_until_it_is_closed(tmp_path: Path) -> None:
+    before = set(_save_threads())
+    state = {"x": torch.arange(8.0)}
+    with sk.Checkpointer(tmp_path / "run", async_save=True) as ckpt:
+        seen = []
+        for step in (1, 2, 3):
+            ckpt.save(step, state).wait()
+            seen.append(set(_save_threads()) - before)
+        assert len(seen[0]) == 1 and seen[0] == seen[1] == seen[2]  # one thread, reused
+        (thread,) = seen[0]
+    assert not thread.is_alive()  # close() stopped it
+    assert [c.step for c in sk.list_checkpoints(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_a_one_off_background_save_leaves_no_thread_behind(tmp_path: Path) -> None:
+    before = set(_save_threads())
+    sk.save(tmp_path / "run", {"x": torch.ones(3)}, step=1, blocking=False).wait()
+    for thread in set(_save_threads()) - before:
+        thread.join(timeout=120)  # a hang guard only: it ends as soon as its save is done
+        assert not thread.is_alive()

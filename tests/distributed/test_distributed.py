@@ -289,6 +289,19 @@ def test_a_background_failure_on_one_rank_surfaces_on_every_rank(tmp_path: Path)
     assert first["steps"] == second["steps"] == [1, 3]  # step 2 never committed
 
 
+def test_background_saves_refused_before_writing_surface_on_every_rank(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    assert launch("async_refused", 2, run, out) == [0, 0]
+    first, second = reports(out, "async_refused", 2)
+    # step 2: rank 1's capture fails: it raises its own error at once, rank 0 learns it
+    # at its wait(); step 1 again: rank 0 finds it committed, rank 1 learns it at wait()
+    assert first["at_call"] == [] and second["at_call"] == ["UnicodeError"]
+    assert first["at_wait"] == ["RankFailure", "StepExistsError"]
+    assert second["at_wait"] == ["RankFailure"]
+    assert first["steps"] == second["steps"] == [1, 3]
+
+
 def test_two_background_writers_and_a_retention_failure_on_one_rank(tmp_path: Path) -> None:
     run, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()

@@ -247,6 +247,54 @@ def async_failure(rank: int, world: int, run: Path, out: Path) -> None:
     )
 
 
+class _Flaky:
+    """A per-rank entry whose ``state_dict()`` fails while ``broken`` is set."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.broken:
+            raise UnicodeError("this rank's entry cannot be captured (injected)")
+        return {"n": 1}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def async_refused(rank: int, world: int, run: Path, out: Path) -> None:
+    """Background saves that fail before anything is written: rank 1's state cannot be
+    captured (rank 1 raises at once, rank 0 learns it at its next call), then a step that
+    exists already (every rank learns it at its next call). The job goes on after both."""
+    model = fsdp_model(world, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    flaky = _Flaky()
+    state = app_state(model, opt, {"step": 0}, None) | {"flaky": sk.PerRank(flaky)}
+    seen: dict[str, list[str]] = {"at_call": [], "at_wait": []}
+
+    def attempt(step: int) -> None:
+        try:
+            pending = ckpt.save(step, state)
+        except Exception as exc:
+            seen["at_call"].append(type(exc).__name__)
+            return
+        try:
+            pending.wait()
+        except Exception as exc:
+            seen["at_wait"].append(type(exc).__name__)
+
+    with sk.Checkpointer(run, async_save=True) as ckpt:
+        train(model, opt, 1)
+        ckpt.save(1, state).wait()
+        flaky.broken = rank == 1
+        attempt(2)
+        flaky.broken = False
+        attempt(1)  # committed already
+        ckpt.save(3, state).wait()  # the job goes on: no collective was left unmatched
+    steps = [c.step for c in sk.list_checkpoints(run)]
+    report(out, "async_refused", rank, seen | {"steps": steps})
+
+
 def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
     """Two background writers of one job at once (a Checkpointer with retention and a one-off
     save into another directory), then a retention failure on rank 0 only: every rank learns
@@ -384,6 +432,7 @@ SCENARIOS = {
     "async_saves": async_saves,
     "async_failure": async_failure,
     "async_writers": async_writers,
+    "async_refused": async_refused,
     "killed_async": lambda rank, world, run, out: killed(rank, world, run, out, background=True),
     "killed": killed,
     "ddp": ddp,

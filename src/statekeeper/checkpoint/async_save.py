@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -95,6 +96,7 @@ class AsyncWriter:
         self._staging: torch.Tensor | None = None
         self._staged: _Staged | None = None
         self._plans = PlanCache()
+        self._worker: ThreadPoolExecutor | None = None
 
     def _consume(self, pending: PendingSave) -> None:
         if self._unreported is pending:
@@ -200,19 +202,23 @@ class AsyncWriter:
             if self._release:
                 self._staging = self._staged = None
 
-        return self._background(step, work, cleanup, f"statekeeper-save-{step}")
+        return self._background(step, work, cleanup)
 
     def _background(
         self,
         step: int,
         work: Callable[[], CheckpointInfo],
         cleanup: Callable[[], None],
-        name: str,
     ) -> PendingSave:
-        """Run ``work`` (write, commit, retention) in a thread of its own, then ``cleanup``.
+        """Run ``work`` (write, commit, retention) on this writer's thread, then ``cleanup``.
         Its result or error goes to the PendingSave returned; an error is also kept for the
         caller's next call. The error's traceback stays, its frames' locals go: they would
-        hold the staged tensors."""
+        hold the staged tensors.
+
+        The thread is started once and kept until :meth:`close`: handing it a save costs
+        the caller no thread start (which waits for the new thread to run: milliseconds on
+        a loaded machine, inside the caller's stall). It is not a daemon: a save in flight
+        when the interpreter exits is finished first."""
         pending = PendingSave(self, step)
 
         def run() -> None:
@@ -225,9 +231,13 @@ class AsyncWriter:
                 cleanup()
                 pending._done.set()
 
-        thread = threading.Thread(target=run, name=name, daemon=False)
         try:
-            thread.start()
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="statekeeper-save")
+            self._worker.submit(run)
+            if self._release:  # a one-off writer: its thread ends after this save
+                self._worker.shutdown(wait=False)
+                self._worker = None
         except BaseException:
             cleanup()  # nothing was written: the step is aborted, the lock released
             raise
@@ -235,5 +245,11 @@ class AsyncWriter:
         return pending
 
     def close(self) -> None:
-        """Wait for the save in flight and raise its error, if any."""
-        self.wait()
+        """Wait for the save in flight, stop this writer's thread, and raise the save's
+        error, if any. A later save starts the thread again."""
+        worker, self._worker = self._worker, None
+        try:
+            self.wait()
+        finally:
+            if worker is not None:
+                worker.shutdown(wait=True)

@@ -289,7 +289,8 @@ class Checkpointer:
             return
         self._closed = True
         try:
-            self.wait()
+            if self._writer is not None:
+                self._writer.close()  # waits, and stops the writer's thread
         finally:
             if self._watch is not None:
                 self._watch.close()  # the handlers installed before come back

@@ -138,16 +138,19 @@ def _begin(storage: Storage, step: int, overwrite: bool) -> Transaction:
 
 
 class Begun:
-    """A step begun by every rank: rank 0 holds the run's lock and the transaction."""
+    """A step begun by every rank over ``group``: rank 0 holds the run's lock and the
+    transaction, every rank knows the entry's in-progress name."""
 
-    def __init__(self, storage: Storage, step: int, options: SaveOptions) -> None:
+    def __init__(
+        self, storage: Storage, step: int, options: SaveOptions, group: dist.ProcessGroup
+    ) -> None:
         if not isinstance(storage, SharedStorage):
             raise InvalidArgumentError(
                 f"{storage.describe()}: a distributed save needs a storage that several "
                 "processes can write (LocalStorage on a shared file system, or an fsspec URL)"
             )
         self.storage: SharedStorage = storage
-        self.group = checkpoint_group()
+        self.group = group
         self.rank = dist.get_rank(self.group)
         self.txn: Transaction | None = None
         self._lock = storage.writer_lock() if self.rank == 0 else None
@@ -184,7 +187,7 @@ def save_distributed(
 ) -> CheckpointInfo:
     """Save ``state`` as step ``step`` with every rank of the job (call it on all ranks)."""
     parts = split(state)
-    begun = Begun(storage, step, options)
+    begun = Begun(storage, step, options, checkpoint_group())
     failed = True
     try:
         captured = captured_alike(begun, lambda: capture_step(parts, begun.rank), step)

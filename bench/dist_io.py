@@ -3,8 +3,8 @@
 ``.venv/bin/python -m bench.dist_io [--world 2] [--size-mib 256] [--runs 5] [--warmup 1]
 [--rows all|sync|async] [--device cpu|cuda]`` launches ``--world`` ranks (gloo; with
 ``--device cuda`` one GPU per rank, NCCL for the model). Each builds the same FSDP2
-model (about ``--size-mib`` of float32 parameters, plus Adam's two moments after one step, so three times that in all),
-then runs ``--warmup`` untimed rounds and ``--runs`` timed ones. A round saves with both
+model (about ``--size-mib`` of float32 parameters, plus Adam's two moments after one step,
+so three times that in all), then runs ``--warmup`` untimed rounds and ``--runs`` timed ones. A round saves with both
 contenders (statekeeper ``save``, ``torch.distributed.checkpoint.save`` with
 ``FileSystemWriter``), then loads what each saved (statekeeper ``load``, DCP ``load`` with
 ``FileSystemReader`` plus the ``get_*`` / ``set_*_state_dict`` calls around it), into fresh

@@ -2,22 +2,22 @@
 
 ``.venv/bin/python -m bench.dist_io [--world 2] [--size-mib 256] [--runs 5] [--warmup 1]
 [--rows all|sync|async] [--device cpu|cuda]`` launches ``--world`` ranks (gloo; with
-``--device cuda`` one GPU per rank, NCCL for the model). Each builds the same FSDP2
-model (about ``--size-mib`` of float32 parameters, plus Adam's two moments after one step,
-so three times that in all), then runs ``--warmup`` untimed rounds and ``--runs`` timed ones. A round saves with both
-contenders (statekeeper ``save``, ``torch.distributed.checkpoint.save`` with
-``FileSystemWriter``), then loads what each saved (statekeeper ``load``, DCP ``load`` with
-``FileSystemReader`` plus the ``get_*`` / ``set_*_state_dict`` calls around it), into fresh
-directories that are removed after the round. Before each load every parameter and moment
-is changed (untimed); after it each rank checks, bit for bit, that the saved values are
-back. The contenders' order alternates from round to round, so neither always pays for
-going first after the other's save. A time is the slowest rank's, barrier to barrier; the
-report gives per contender the median and the spread (min-max) over the timed rounds, and
-statekeeper's time as a multiple of DCP's: the ratio of the medians and the median
-(min-max) of the per-round ratios. Below 1.0x statekeeper is faster. ``--profile DIR``
-also writes a cProfile of each rank's saves and loads, per contender
-(``sk_load-rank0.pstats``, ...; timed rounds only; the profiler slows the calls, so the
-times of such a run are not figures).
+``--device cuda`` one GPU per rank, NCCL for the model). Each builds the same FSDP2 model
+(about ``--size-mib`` of float32 parameters, plus Adam's two moments after one step, so
+three times that in all), then runs ``--warmup`` untimed rounds and ``--runs`` timed ones. A
+round saves with both contenders (statekeeper ``save``,
+``torch.distributed.checkpoint.save`` with ``FileSystemWriter``), then loads what each saved
+(statekeeper ``load``, DCP ``load`` with ``FileSystemReader`` plus the ``get_*`` /
+``set_*_state_dict`` calls around it), into fresh directories that are removed after the
+round. Before each load every parameter and moment is changed (untimed); after it each rank
+checks, bit for bit, that the saved values are back. The contenders' order alternates from
+round to round, so neither always pays for going first after the other's save. A time is the
+slowest rank's, barrier to barrier; the report gives per contender the median and the spread
+(min-max) over the timed rounds, and statekeeper's time as a multiple of DCP's: the ratio of
+the medians and the median (min-max) of the per-round ratios. Below 1.0x statekeeper is
+faster. ``--profile DIR`` also writes a cProfile of each rank's saves and loads, per
+contender (``sk_load-rank0.pstats``, ...; timed rounds only; the profiler slows the calls,
+so the times of such a run are not figures).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.averaging.offline import average_checkpoints
     from statekeeper.averaging.rules import EMA, SWA, AveragingRule
     from statekeeper.checkpoint.checkpointer import Checkpointer
+    from statekeeper.checkpoint.incremental import Incremental
     from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
     from statekeeper.checkpoint.inspection import StepReport
     from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
@@ -98,6 +99,7 @@ _EXPORTS = {
     "EverySeconds": "statekeeper.checkpoint.policies",
     "EverySteps": "statekeeper.checkpoint.policies",
     "FsspecStorage": "statekeeper.storage.fsspec",
+    "Incremental": "statekeeper.checkpoint.incremental",
     "InjectedFailure": "statekeeper.storage.memory",
     "InvalidArgumentError": "statekeeper.errors",
     "KeepBest": "statekeeper.checkpoint.policies",
@@ -218,6 +220,7 @@ __all__ = [
     "SeededDataset",
     "CorruptCheckpointError",
     "DiffResult",
+    "Incremental",
     "InjectedFailure",
     "InvalidArgumentError",
     "KeyMismatchError",

@@ -93,13 +93,16 @@ def test_staging_buffer_is_reused_between_saves() -> None:
 def test_sigkill_during_async_saves_leaves_the_previous_step_loadable(tmp_path: Path) -> None:
     rng = random.Random(7)
     next_step = 0
-    for _ in range(6):
+    for attempt in range(6):
         child = launcher.Popen(  # forked with torch imported: a process of its own all the same
             [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), "async"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
+        if attempt == 5 and not sk.list_checkpoints(tmp_path):  # a loaded machine: make sure
+            for _ in range(2):  # the second save returns once the first is committed
+                assert child.stdout.readline().strip().isdigit()
         time.sleep(rng.uniform(0.0, 0.4))  # a random kill instant, not a timing assertion
         child.kill()
         child.wait()

@@ -21,6 +21,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial, warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.save import save_state
@@ -64,6 +65,10 @@ class Checkpointer:
     one Checkpointer on every rank and call its methods on every rank: saves and loads are
     collective (see docs/distributed.md); rank 0 holds the lock, commits and applies
     retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
+
+    ``incremental`` (single-process saves): with ``Incremental.REUSE``, the default, a tensor
+    file identical to one of the previous step is hard-linked (or copied by the object
+    store), not written again (see ``docs/incremental.md``).
     """
 
     PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: a temporary failure, run me again
@@ -79,6 +84,7 @@ class Checkpointer:
         clock: Callable[[], float] = time.monotonic,
         async_save: bool = False,
         scope: Scope = Scope.AUTO,
+        incremental: Incremental = Incremental.REUSE,
     ) -> None:
         if keep is not None and not isinstance(keep, Retention):
             raise InvalidArgumentError(
@@ -96,7 +102,7 @@ class Checkpointer:
         self.keep = keep
         self.every = every
         self.rng = RNGState(generators)
-        self._options = SaveOptions(shard_bytes=shard_bytes)
+        self._options = SaveOptions(shard_bytes=shard_bytes, incremental=incremental)
         self._clock = clock
         self._stack = ExitStack()
         if self._leader:

@@ -20,7 +20,9 @@ def _no_ref(tag: str, name: str) -> Any:
 class CheckpointInfo:
     """One committed step: where it is, how big, when it was made, its metrics.
 
-    ``error`` is set (and the other fields may be empty) when its manifest cannot be read.
+    ``written`` is what its save wrote: ``bytes`` less the files it reused from an earlier
+    step (incremental saves). ``error`` is set (and the other fields may be empty) when its
+    manifest cannot be read.
     """
 
     step: int
@@ -30,6 +32,8 @@ class CheckpointInfo:
     metrics: dict[str, float | int] = field(default_factory=dict)
     files: int = 0
     error: str | None = None
+    written: int = 0
+    reused_files: int = 0
 
     @classmethod
     def from_manifest(cls, path: str, manifest: Manifest, manifest_bytes: int) -> CheckpointInfo:
@@ -46,6 +50,8 @@ class CheckpointInfo:
             created=created,
             metrics=metrics,
             files=len(manifest.files) + 1,
+            written=manifest_bytes + manifest.written_bytes(),
+            reused_files=len(manifest.reused),
         )
 
 

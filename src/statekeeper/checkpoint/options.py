@@ -9,6 +9,7 @@ import torch
 
 from statekeeper._version import __version__
 from statekeeper.checkpoint.checks import Strict
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -43,7 +44,9 @@ class SaveOptions:
       their own (an incremental save can then skip them);
     - ``progress(done, total)``: called with the tensor bytes written so far;
     - ``provenance``: the manifest's creation time and library versions; ``None`` takes
-      :meth:`Provenance.now` when the manifest is written (golden-file tests pin it).
+      :meth:`Provenance.now` when the manifest is written (golden-file tests pin it);
+    - ``incremental``: whether shards identical to files of the previous step are reused
+      (:class:`~statekeeper.checkpoint.incremental.Incremental`).
     """
 
     overwrite: bool = False
@@ -51,8 +54,13 @@ class SaveOptions:
     frozen: frozenset[str] = frozenset()
     progress: Progress | None = None
     provenance: Provenance | None = None
+    incremental: Incremental = Incremental.REUSE
 
     def __post_init__(self) -> None:
+        if not isinstance(self.incremental, Incremental):
+            raise InvalidArgumentError(
+                f"incremental must be a statekeeper.Incremental, got {self.incremental!r}"
+            )
         if not isinstance(self.overwrite, bool):
             raise InvalidArgumentError(f"overwrite must be True or False, got {self.overwrite!r}")
         if (

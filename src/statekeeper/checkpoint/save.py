@@ -20,6 +20,7 @@ from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.writer import write_step
@@ -162,6 +163,7 @@ def save(
     blocking: Literal[True] = ...,
     scope: Scope = ...,
     progress: Progress | None = ...,
+    incremental: Incremental = ...,
 ) -> CheckpointInfo: ...
 
 
@@ -177,6 +179,7 @@ def save(
     blocking: Literal[False],
     scope: Scope = ...,
     progress: None = ...,
+    incremental: Incremental = ...,
 ) -> PendingSave: ...
 
 
@@ -191,6 +194,7 @@ def save(
     blocking: bool = True,
     scope: Scope = Scope.AUTO,
     progress: Progress | None = None,
+    incremental: Incremental = Incremental.REUSE,
 ) -> CheckpointInfo | PendingSave:
     """Save ``state`` as committed step ``step`` of the run ``directory``.
 
@@ -217,12 +221,18 @@ def save(
 
     ``progress(done, total)`` (blocking single-process saves) is called with the tensor bytes
     written so far.
+
+    ``incremental=Incremental.REUSE`` (the default, single-process saves): a tensor file
+    identical to a file of the previous committed step is hard-linked (or copied by the
+    object store) instead of written; ``CheckpointInfo.written`` says what was written.
     """
     storage = resolve_storage(directory)
     validate_step(step)
     if progress is not None and not blocking:
         raise InvalidArgumentError("progress= is only for blocking single-process saves")
-    options = SaveOptions(overwrite=overwrite, shard_bytes=shard_bytes, progress=progress)
+    options = SaveOptions(
+        overwrite=overwrite, shard_bytes=shard_bytes, progress=progress, incremental=incremental
+    )
     distributed = is_distributed(scope, state)
     return save_state(
         storage,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from statekeeper.checkpoint.gc_pause import collector_paused
+from statekeeper.checkpoint.incremental import Incremental, Reuser, previous_step
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import committed, validate_step
 from statekeeper.checkpoint.naming import step_entry
@@ -191,8 +192,16 @@ def commit(
     txn: Transaction | None = None
     try:
         txn = storage.begin(entry, replace=exists)
+        reuse = options.incremental is Incremental.REUSE
+        reuser = Reuser(storage, txn, previous_step(storage, step) if reuse else None)
         for file, members, lay in planned:
-            files[file] = write_shard(txn, file, members, lay, count if progress else None)
+            record = reuser.try_reuse(file, members, lay)
+            if record is None:
+                record = write_shard(txn, file, members, lay, count if progress else None)
+                reuser.written(entry, file, record)
+            elif progress is not None:
+                count(lay.size)
+            files[file] = record
             for n, t in members.items():
                 tensors[n] = TensorRecord(file, dtype_name(t.dtype), tuple(t.shape))
         provenance = options.provenance_now()
@@ -205,6 +214,7 @@ def commit(
             tensors=tensors,
             aliases=prepared.aliases,
             state=prepared.skeleton,
+            reused=reuser.reused,
         )
         manifest_bytes = manifest.to_bytes()
         txn.write(MANIFEST, manifest_bytes)

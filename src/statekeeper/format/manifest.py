@@ -4,7 +4,8 @@ The manifest is ASCII JSON: one top-level member per line, the entries of ``file
 ``tensors`` and ``aliases`` one per line, every value compact (no spaces), a trailing
 newline. Its members, in this order: ``format``, ``version``, ``step``, ``created``,
 ``library``, ``metrics``,
-``files``, ``tensors``, ``aliases``, (version 2, sharded steps only: ``sharded`` and
+``files``, ``tensors``, ``aliases``, (only when the save reused files of an earlier step:
+``reused``), (version 2, sharded steps only: ``sharded`` and
 ``ranks``, see :mod:`statekeeper.format.sharding`), ``state`` and last
 ``manifest_checksum``: the checksum
 of the file's own bytes with the 32 hex digits of that member replaced by ``0``. So any
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -69,6 +70,14 @@ class Manifest:
     aliases: dict[str, Alias]
     state: Json
     sharding: Sharding | None = None
+    reused: dict[str, str] = field(default_factory=dict)
+    """File of this step -> ``"<entry>/<file>"`` of the earlier step whose identical bytes
+    it reuses (linked or copied by the store, not written by this save). Written only when
+    not empty, so a manifest without reuse is byte for byte what it always was."""
+
+    def written_bytes(self) -> int:
+        """Bytes of tensor files this step's save wrote (the others it reused)."""
+        return sum(r.size for n, r in self.files.items() if n not in self.reused)
 
     def to_bytes(self) -> bytes:
         body: dict[str, Any] = {
@@ -83,6 +92,7 @@ class Manifest:
             },
             "tensors": _tensor_lines(self.tensors),
             "aliases": {n: a.to_json() for n, a in sorted(self.aliases.items())},
+            **({"reused": dict(sorted(self.reused.items()))} if self.reused else {}),
             **(self.sharding.to_json() if self.sharding is not None else {}),
             "state": self.state,
             "manifest_checksum": f"{ALGORITHM}:{_ZERO}",
@@ -135,6 +145,7 @@ class Manifest:
                 },
                 state=body["state"],
                 sharding=Sharding.from_json(body) if version == SHARDED_VERSION else None,
+                reused=_reused(body.get("reused", {})),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise CorruptCheckpointError(
@@ -142,6 +153,9 @@ class Manifest:
             ) from None
         for name in manifest.files:  # opened by name: one plain component, nothing else
             check_name(path, name)
+        stray = sorted(set(manifest.reused) - set(manifest.files))
+        if stray:
+            raise CorruptCheckpointError(path, f"manifest marks unknown files reused: {stray}")
         problem = depth_problem(manifest.metrics)
         if problem is not None:
             raise CorruptCheckpointError(path, f"manifest metrics are {problem}")
@@ -202,12 +216,20 @@ def _dump(body: dict[str, Any]) -> str:
         if isinstance(value, _Lines):
             inner = ",\n".join(value)
             lines.append(f"{_compact(key)}:{{\n{inner}\n}}" if value else f"{_compact(key)}:{{}}")
-        elif key in ("files", "tensors", "aliases", "sharded") and value:
+        elif key in ("files", "tensors", "aliases", "reused", "sharded") and value:
             inner = ",\n".join(f" {_compact(k)}:{_compact(v)}" for k, v in value.items())
             lines.append(f"{_compact(key)}:{{\n{inner}\n}}")
         else:
             lines.append(f"{_compact(key)}:{_compact(value)}")
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def _reused(value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"reused must map file names to their sources, found {value!r}")
+    return dict(value)
 
 
 def _shape(value: object) -> tuple[int, ...]:

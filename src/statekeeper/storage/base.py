@@ -16,6 +16,13 @@ File names are single path components (:mod:`statekeeper.storage.files`); a back
 only regular files and raises ``CorruptCheckpointError`` for anything else.
 ``remove(entry)`` deletes a whole entry (retention, clean-up).
 
+A writer may also have ``reuse(name, entry, source)`` (optional: :func:`reuser_of`): the
+file ``name`` of the in-progress entry becomes the committed ``entry``'s file ``source``
+without its bytes passing through this process: a hard link on a local file system (the
+data stays alive while any entry names it; removing one entry never damages another), a
+server-side copy on an object store. It returns False where the backend cannot do that
+here (the caller then writes the file).
+
 Backends differ in what a read costs and in whether a run directory exists apart from its
 entries; each says so in its :class:`Capabilities` (:func:`capabilities_of`), and callers
 ask it, never the backend's class.
@@ -35,9 +42,11 @@ __all__ = [
     "capabilities_of",
     "EntryWriter",
     "FileWriter",
+    "Reuse",
     "SharedStorage",
     "Storage",
     "Transaction",
+    "reuser_of",
 ]
 
 
@@ -108,6 +117,18 @@ class Transaction(FileWriter, Protocol):
     def abort(self) -> None:
         """Remove the in-progress entry."""
         ...
+
+
+class Reuse(Protocol):
+    """A writer's optional ``reuse`` method (see the module docstring)."""
+
+    def __call__(self, name: str, entry: str, source: str) -> bool: ...
+
+
+def reuser_of(files: object) -> Reuse | None:
+    """``files.reuse`` where the writer has one (backends written earlier have not)."""
+    found = getattr(files, "reuse", None)
+    return found if callable(found) else None
 
 
 def capabilities_of(storage: object) -> Capabilities:

@@ -24,10 +24,12 @@ import errno
 import os
 import re
 import stat
+from pathlib import Path
 
 from statekeeper.errors import CorruptCheckpointError
 
 __all__ = [
+    "link_regular",
     "NAME_RULE",
     "check_name",
     "file_kind",
@@ -133,3 +135,24 @@ def regular_size(
     if not stat.S_ISREG(info.st_mode):
         raise _refuse(os.fspath(path), file_kind(info.st_mode))
     return info.st_size
+
+
+_CANNOT_LINK = frozenset(
+    {errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
+)
+
+
+def link_regular(source: Path, target: Path) -> bool:
+    """Hard-link the regular file ``source`` as ``target``; False where the file system
+    cannot (no hard links there, another device, too many links). ``source`` must be a
+    regular file (a link or device is refused: ``CorruptCheckpointError``)."""
+    mode = os.lstat(source).st_mode
+    if not stat.S_ISREG(mode):
+        raise _refuse(str(source), file_kind(mode))
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in _CANNOT_LINK:
+            return False
+        raise
+    return True

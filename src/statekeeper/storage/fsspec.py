@@ -73,6 +73,18 @@ class _FsspecFiles(EntryWriter):
         except OSError as exc:
             raise StorageError(exc.errno, f"could not write {path}: {exc}") from exc
 
+    def reuse(self, name: str, entry: str, source: str) -> bool:
+        """A copy made by the store itself (S3 ``CopyObject``, GCS rewrite, ...); False
+        where the file system has no copy of its own."""
+        src, target = self._storage.path(entry, source), self._storage.path(self._final, name)
+        try:
+            self._storage.fs.copy(src, target)
+        except NotImplementedError:
+            return False
+        except OSError as exc:
+            raise StorageError(exc.errno, f"could not copy {src} to {target}: {exc}") from exc
+        return True
+
     def commit(self) -> None:
         if not self._owner:
             raise StorageError(None, f"{self.entry}: only the transaction that began it commits")

@@ -20,7 +20,13 @@ from pathlib import Path
 
 from statekeeper.errors import CorruptCheckpointError, StorageError
 from statekeeper.storage.base import Capabilities, EntryWriter
-from statekeeper.storage.files import check_name, open_directory, open_regular, regular_size
+from statekeeper.storage.files import (
+    check_name,
+    link_regular,
+    open_directory,
+    open_regular,
+    regular_size,
+)
 from statekeeper.storage.lock import LOCK_FILE, RunLock
 
 __all__ = [
@@ -159,6 +165,16 @@ class _LocalFiles(EntryWriter):
 
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         _write_durably(self._path / check_name(str(self._path), name), chunks)
+
+    def reuse(self, name: str, entry: str, source: str) -> bool:
+        """Hard-link ``entry/source`` (durable already) as ``name``; the entry's commit makes
+        the new name durable. False where the file system has no hard links."""
+        src = self._root / check_name(str(self._root), entry) / check_name(entry, source)
+        target = self._path / check_name(str(self._path), name)
+        try:
+            return link_regular(src, target)
+        except OSError as exc:
+            raise write_failure(exc, f"linking {target} to {src}") from exc
 
 
 class _LocalTransaction(_LocalFiles):

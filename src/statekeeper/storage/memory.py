@@ -54,6 +54,14 @@ class _MemoryTransaction(EntryWriter):
         s._op("fsync")
         d.durable_files[name] = d.files[name]
 
+    def reuse(self, name: str, entry: str, source: str) -> bool:
+        s = self._storage
+        s._op("link", f"{entry}/{source} -> {self._entry}/{name}")
+        data = s.read(entry, source)
+        d = s._live[self._entry]
+        d.files[name] = d.durable_files[name] = data
+        return True
+
     def commit(self) -> None:
         s = self._storage
         s._op("fsync_dir")

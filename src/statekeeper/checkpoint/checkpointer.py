@@ -17,11 +17,11 @@ from typing import Any
 
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_checkpoints, list_partial, warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable, load
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
-from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.save import save_state

@@ -18,9 +18,9 @@ from typing import Any, Literal, overload
 from statekeeper.checkpoint.adapters import Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
-from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.writer import write_step

@@ -204,9 +204,8 @@ def _async_rows(
         if cuda:
             torch.cuda.synchronize()
 
-    def stager() -> DefaultStager:
-        options = StagingOptions(cuda, False, True, cuda)  # pinned, no shm, async, non-blocking
-        return DefaultStager(options)
+    # one stager for every round, as a training loop keeps one: it reuses its staging memory
+    stager = DefaultStager(StagingOptions(cuda, False, True, cuda))  # pinned, no shm, async
 
     run_dir = root / "sk-async"
     ckpt = sk.Checkpointer(run_dir, async_save=True)
@@ -246,7 +245,7 @@ def _async_rows(
                 else:
                     writer = dcp.FileSystemWriter(path)
                     response = dcp.async_save(
-                        dcp_state(), storage_writer=writer, async_stager=stager()
+                        dcp_state(), storage_writer=writer, async_stager=stager
                     )
                     if isinstance(response, Future):  # pragma: no cover - torch's choice
                         raise TypeError("async_save with a stager returned a bare Future")
@@ -256,6 +255,10 @@ def _async_rows(
                 commit = time.perf_counter() - start
             except Exception as exc:  # reported, not fatal: the other rows stand
                 errors[who] = f"{type(exc).__name__}: {exc}"[:300]
+            failed = torch.tensor([int(who in errors)])
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)  # every rank drops it, or none
+            if int(failed):
+                errors.setdefault(who, "failed on another rank")
                 continue
             if timed:
                 times[f"{who}_stall"].append(stall)
@@ -268,6 +271,7 @@ def _async_rows(
                 shutil.rmtree(found, ignore_errors=True)
         dist.barrier()
     ckpt.close()
+    stager.close()
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, times)
     every_errors = [None] * dist.get_world_size()

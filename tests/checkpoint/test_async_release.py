@@ -4,6 +4,8 @@ the next save into the same directory reports the failure once."""
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 import warnings
 from pathlib import Path
@@ -92,3 +94,36 @@ def test_a_one_off_background_save_leaves_no_thread_behind(tmp_path: Path) -> No
     for thread in set(_save_threads()) - before:
         thread.join(timeout=120)  # a hang guard only: it ends as soon as its save is done
         assert not thread.is_alive()
+
+
+def test_a_failing_clean_up_is_reported_not_a_wait_that_hangs() -> None:
+    from statekeeper.checkpoint.async_save import AsyncWriter
+
+    writer = AsyncWriter()
+    info = sk.CheckpointInfo(step=1, path="memory://x/step_1", bytes=0, created=None)
+
+    def cleanup() -> None:
+        raise OSError(5, "could not remove the in-progress entry (injected)")
+
+    pending = writer._background(1, lambda: info, cleanup)
+    with pytest.raises(OSError, match="in-progress entry"):
+        pending.wait()
+    writer.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX only")
+def test_a_forked_child_saves_with_a_thread_of_its_own(tmp_path: Path) -> None:
+    with sk.Checkpointer(tmp_path / "run", async_save=True) as ckpt:
+        ckpt.save(1, {"x": torch.ones(3)}).wait()  # the parent's writer thread runs
+        pid = os.fork()
+        if pid == 0:  # the child: its writer must not hand work to the parent's thread
+            code = 1
+            signal.alarm(120)  # a hang guard only: a hung child dies instead of the run
+            try:
+                ckpt.save(2, {"x": torch.ones(3)}).wait()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [c.step for c in sk.list_checkpoints(tmp_path / "run")] == [1, 2]

@@ -294,12 +294,24 @@ def test_background_saves_refused_before_writing_surface_on_every_rank(tmp_path:
     out.mkdir()
     assert launch("async_refused", 2, run, out) == [0, 0]
     first, second = reports(out, "async_refused", 2)
-    # step 2: rank 1's capture fails: it raises its own error at once, rank 0 learns it
-    # at its wait(); step 1 again: rank 0 finds it committed, rank 1 learns it at wait()
-    assert first["at_call"] == [] and second["at_call"] == ["UnicodeError"]
+    # step 2: rank 1's capture fails; step 1 again: rank 0 finds it committed. Each rank
+    # raises its own error, or a RankFailure naming another's, at the same call: wait()
+    assert first["at_call"] == second["at_call"] == []
     assert first["at_wait"] == ["RankFailure", "StepExistsError"]
-    assert second["at_wait"] == ["RankFailure"]
+    assert second["at_wait"] == ["UnicodeError", "RankFailure"]
     assert first["steps"] == second["steps"] == [1, 3]
+
+
+def test_a_loop_without_wait_keeps_the_ranks_saves_in_step(tmp_path: Path) -> None:
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    assert launch("async_no_wait", 2, run, out) == [0, 0]
+    first, second = reports(out, "async_no_wait", 2)
+    assert first["errors"] == [[3, "RankFailure"]]  # step 2's failure, at the next save
+    assert second["errors"] == [[3, "UnicodeError"]]
+    assert first["steps"] == second["steps"] == [1, 4, 5]
+    for r in (first, second):  # every rank's state of the step itself, never a neighbour's
+        assert r["found"] == {"1": 1, "4": 4, "5": 5}
 
 
 def test_two_background_writers_and_a_retention_failure_on_one_rank(tmp_path: Path) -> None:

@@ -264,8 +264,8 @@ class _Flaky:
 
 def async_refused(rank: int, world: int, run: Path, out: Path) -> None:
     """Background saves that fail before anything is written: rank 1's state cannot be
-    captured (rank 1 raises at once, rank 0 learns it at its next call), then a step that
-    exists already (every rank learns it at its next call). The job goes on after both."""
+    captured, then a step that exists already; every rank learns each at its wait(). The
+    job goes on after both."""
     model = fsdp_model(world, seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     flaky = _Flaky()
@@ -293,6 +293,46 @@ def async_refused(rank: int, world: int, run: Path, out: Path) -> None:
         ckpt.save(3, state).wait()  # the job goes on: no collective was left unmatched
     steps = [c.step for c in sk.list_checkpoints(run)]
     report(out, "async_refused", rank, seen | {"steps": steps})
+
+
+class _Recorder:
+    """A per-rank entry that saves the step it was told."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = state["step"]
+
+
+def async_no_wait(rank: int, world: int, run: Path, out: Path) -> None:
+    """A loop that never calls wait(): rank 1's capture fails at step 2; every rank's next
+    save raises it; every step committed holds each rank's state of that very step."""
+    model = fsdp_model(world, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    recorder, flaky = _Recorder(), _Flaky()
+    state = app_state(model, opt, {"step": 0}, None)
+    state |= {"recorder": sk.PerRank(recorder), "flaky": sk.PerRank(flaky)}
+    errors: list[list[Any]] = []
+    with sk.Checkpointer(run, async_save=True) as ckpt:
+        for step in range(1, 6):
+            train(model, opt, 1)
+            recorder.step = step
+            flaky.broken = rank == 1 and step == 2
+            try:
+                ckpt.save(step, state)
+            except Exception as exc:
+                errors.append([step, type(exc).__name__])
+    steps = [c.step for c in sk.list_checkpoints(run)]
+    found = {}
+    for step in steps:
+        got = _Recorder()
+        sk.load(run, {"recorder": sk.PerRank(got)}, step=step, strict=sk.Strict.PARTIAL)
+        found[step] = got.step
+    report(out, "async_no_wait", rank, {"errors": errors, "steps": steps, "found": found})
 
 
 def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
@@ -433,6 +473,7 @@ SCENARIOS = {
     "async_failure": async_failure,
     "async_writers": async_writers,
     "async_refused": async_refused,
+    "async_no_wait": async_no_wait,
     "killed_async": lambda rank, world, run, out: killed(rank, world, run, out, background=True),
     "killed": killed,
     "ddp": ddp,

@@ -13,6 +13,7 @@ may change the model as soon as ``submit`` returns.
 
 from __future__ import annotations
 
+import os
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -97,6 +98,7 @@ class AsyncWriter:
         self._staged: _Staged | None = None
         self._plans = PlanCache()
         self._worker: ThreadPoolExecutor | None = None
+        self._worker_pid = 0
 
     def _consume(self, pending: PendingSave) -> None:
         if self._unreported is pending:
@@ -202,7 +204,11 @@ class AsyncWriter:
             if self._release:
                 self._staging = self._staged = None
 
-        return self._background(step, work, cleanup)
+        try:
+            return self._background(step, work, cleanup)
+        except BaseException:
+            stack.close()  # the lock, held for a write that never ran
+            raise
 
     def _background(
         self,
@@ -228,21 +234,36 @@ class AsyncWriter:
                 traceback.clear_frames(exc.__traceback__)
                 pending._error = exc
             finally:
-                cleanup()
-                pending._done.set()
+                try:
+                    cleanup()
+                except BaseException as exc:  # reported, never a wait() that hangs
+                    pending._error = pending._error or exc
+                finally:
+                    pending._done.set()
 
         try:
-            if self._worker is None:
-                self._worker = ThreadPoolExecutor(1, thread_name_prefix="statekeeper-save")
-            self._worker.submit(run)
-            if self._release:  # a one-off writer: its thread ends after this save
-                self._worker.shutdown(wait=False)
-                self._worker = None
-        except BaseException:
+            self._thread().submit(run)
+        except BaseException:  # the work never ran (a cancelled queue item never will)
+            self._stop_thread(cancel=True)
             cleanup()  # nothing was written: the step is aborted, the lock released
             raise
         self._pending = self._unreported = pending
+        if self._release:  # a one-off writer: its thread ends after this save
+            self._stop_thread(cancel=False)
         return pending
+
+    def _thread(self) -> ThreadPoolExecutor:
+        """This writer's thread, started on first use and again in a forked child (which
+        inherits the executor but not its thread)."""
+        if self._worker is None or self._worker_pid != os.getpid():
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="statekeeper-save")
+            self._worker_pid = os.getpid()
+        return self._worker
+
+    def _stop_thread(self, *, cancel: bool) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None and self._worker_pid == os.getpid():
+            worker.shutdown(wait=False, cancel_futures=cancel)
 
     def close(self) -> None:
         """Wait for the save in flight, stop this writer's thread, and raise the save's
@@ -251,5 +272,5 @@ class AsyncWriter:
         try:
             self.wait()
         finally:
-            if worker is not None:
+            if worker is not None and self._worker_pid == os.getpid():
                 worker.shutdown(wait=True)

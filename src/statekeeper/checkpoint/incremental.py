@@ -29,7 +29,7 @@ from statekeeper.errors import StatekeeperError
 from statekeeper.format.checksum import Hasher, matches
 from statekeeper.format.manifest import FileRecord
 from statekeeper.format.safetensors_io import ShardLayout, stream
-from statekeeper.storage.base import FileWriter, Storage, reuser_of
+from statekeeper.storage.base import FileWriter, Storage, fingerprint_of, reuser_of
 
 __all__ = ["Incremental", "Previous", "Reuser", "previous_step", "shard_checksum"]
 
@@ -81,14 +81,15 @@ def shard_checksum(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> str:
     return hasher.hexdigest()
 
 
-_checked: dict[tuple[str, str], tuple[int, str]] = {}
-"""Files whose bytes were found to match their checksum, by (storage, file), with the size
-and checksum found: the same file is not read again for the next saves of this process.
-The oldest are forgotten past ``_CHECKED_MAX``."""
+_checked: dict[tuple[str, str], tuple[object, str]] = {}
+"""Files found (or written) with their recorded checksum, by (storage, file): the
+storage's fingerprint of the file then, and the checksum. While the fingerprint stays the
+same the file is not read again by this process; the oldest are forgotten past
+``_CHECKED_MAX``."""
 _CHECKED_MAX = 4096
 
 
-def _trust(key: tuple[str, str], found: tuple[int, str]) -> None:
+def _trust(key: tuple[str, str], found: tuple[object, str]) -> None:
     _checked.pop(key, None)
     _checked[key] = found
     while len(_checked) > _CHECKED_MAX:
@@ -103,6 +104,7 @@ class Reuser:
         self._previous = previous
         self._reuse = reuser_of(files)
         self.reused: dict[str, str] = {}
+        self._records: dict[str, FileRecord] = {}
 
     def _candidates(self, name: str, size: int) -> Iterator[str]:
         if self._previous is None or self._reuse is None:
@@ -110,24 +112,32 @@ class Reuser:
         same = self._previous.by_size.get(size, [])
         yield from sorted(same, key=lambda n: n != name)  # the same name first
 
+    def _key(self, entry: str, name: str) -> tuple[str, str]:
+        return (self._storage.describe(), f"{entry}/{name}")
+
     def _intact(self, entry: str, name: str, record: FileRecord) -> bool:
-        """Whether the stored file still has its recorded checksum. Read once per process
-        and file: a file this check passed (or that this process wrote) is trusted for the
-        next saves, as the step it belongs to is never written again."""
-        key = (self._storage.describe(), f"{entry}/{name}")
-        if _checked.get(key) == (record.size, record.checksum):
+        """Whether the stored file still has its recorded checksum. Its bytes are read
+        unless this process wrote or checked the file before and the storage's fingerprint
+        of it (inode, size, modification time; an ETag) has not changed since: a file
+        rewritten or replaced is always read again."""
+        mark = fingerprint_of(self._storage, entry, name)
+        if mark is not None and _checked.get(self._key(entry, name)) == (mark, record.checksum):
             return True
         try:
             ok = matches(self._storage.read(entry, name), record.checksum)
         except OSError:
             return False
-        if ok:
-            _trust(key, (record.size, record.checksum))
+        if ok and mark is not None:
+            _trust(self._key(entry, name), (mark, record.checksum))
         return ok
 
-    def written(self, entry: str, name: str, record: FileRecord) -> None:
-        """Note a file this process just wrote (its bytes are those it checksummed)."""
-        _trust((self._storage.describe(), f"{entry}/{name}"), (record.size, record.checksum))
+    def committed(self, entry: str, records: dict[str, FileRecord]) -> None:
+        """Note the files of the step just committed as ``entry``: their bytes are those
+        this process checksummed (written) or checked (reused)."""
+        for name, record in records.items():
+            mark = fingerprint_of(self._storage, entry, name)
+            if mark is not None:
+                _trust(self._key(entry, name), (mark, record.checksum))
 
     def try_reuse(
         self, name: str, tensors: dict[str, torch.Tensor], shard: ShardLayout

@@ -198,7 +198,6 @@ def commit(
             record = reuser.try_reuse(file, members, lay)
             if record is None:
                 record = write_shard(txn, file, members, lay, count if progress else None)
-                reuser.written(entry, file, record)
             elif progress is not None:
                 count(lay.size)
             files[file] = record
@@ -219,6 +218,7 @@ def commit(
         manifest_bytes = manifest.to_bytes()
         txn.write(MANIFEST, manifest_bytes)
         txn.commit()
+        reuser.committed(entry, files)
     except OSError as exc:  # out of space, I/O error, ...: nothing committed, nothing touched
         if txn is not None:
             txn.abort()

@@ -1,20 +1,21 @@
 """Background saves in a multi-process job.
 
-The caller runs no collective: each rank's caller waits for the previous save (raising its
-error, on every rank alike), captures its state and copies every tensor it would write
-into host buffers of its own: the local shard of a ``DTensor`` (re-wrapped with the same
-mesh and placements, so DCP plans the same chunks), and plain tensors whole. The buffers
-are kept and reused while the layout repeats. Its stall is that copy and the capture, and
-does not wait for the slowest rank.
+The caller runs no collective of its own (the two gloo groups are made by the first save):
+each rank's caller waits for the previous save (raising its error, on every rank alike),
+captures its state and copies every tensor it would write into host buffers of its own: the
+local shard of a ``DTensor`` (re-wrapped with the same mesh and placements, so DCP plans the
+same chunks), and plain tensors whole. The buffers are kept and reused while the layout
+repeats. Its stall is that copy and the capture (plus the wait for the previous save, if it
+is still running); it does not wait for a slower rank's capture.
 
 Everything else runs on a background thread, over a second gloo group
 (:func:`~statekeeper.distributed.group.background_group`, never the one the training loop's
 thread uses meanwhile): rank 0 takes the lock and opens the step, every rank learns whether
 every rank captured its state, writes its files and runs DCP's planning and writes, rank 0
 commits after gathering what every rank wrote. Every rank learns the outcome; a failure on
-any rank is kept and raised by each rank's next save, ``wait()`` or ``close()`` (a rank
-whose own capture failed raises that at once). The staged copy is a snapshot: the loop may
-change parameters as soon as the call returns.
+any rank, a capture that failed included, is kept and raised by each rank's next save,
+``wait()`` or ``close()``: at the same call on every rank. The staged copy is a snapshot:
+the loop may change parameters as soon as the call returns.
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.options import SaveOptions
-from statekeeper.distributed.group import agree, background_group, report
-from statekeeper.distributed.save import Begun, Captured, capture_step, write_captured
+from statekeeper.distributed.group import agree, background_group, gather
+from statekeeper.distributed.save import (
+    Begun,
+    Captured,
+    capture_step,
+    require_shared,
+    write_captured,
+)
 from statekeeper.distributed.state import split
 from statekeeper.errors import RankFailure
 from statekeeper.state.tree import Flat
@@ -48,6 +55,7 @@ class JobWriter(AsyncWriter):
     def __init__(self, staging: Staging = Staging.REUSE) -> None:
         super().__init__(staging)
         self._buffers: dict[str, torch.Tensor] = {}
+        self._pinned: set[str] = set()  # the names whose buffer is pinned
         self._wrapped: dict[str, tuple[tuple[object, ...], torch.Tensor]] = {}
 
     def _buffer(self, name: str, local: torch.Tensor) -> torch.Tensor:
@@ -56,10 +64,11 @@ class JobWriter(AsyncWriter):
             buf is None
             or buf.shape != local.shape
             or buf.dtype != local.dtype
-            or (local.is_cuda and not buf.is_pinned())  # moved to a GPU since: pin it now
+            or (local.is_cuda and name not in self._pinned)  # moved to a GPU since: pin it
         ):
             buf = torch.empty(local.shape, dtype=local.dtype, pin_memory=local.is_cuda)
             self._buffers[name] = buf
+            (self._pinned.add if local.is_cuda else self._pinned.discard)(name)
         return buf
 
     def _wrap(self, name: str, t: DTensor, buf: torch.Tensor) -> torch.Tensor:
@@ -108,7 +117,13 @@ class JobWriter(AsyncWriter):
         options: SaveOptions,
         on_commit: Callable[[CheckpointInfo], None] | None = None,
     ) -> PendingSave:
-        """Stage this rank's state and write the step in the background (every rank)."""
+        """Stage this rank's state and write the step in the background (every rank).
+
+        Every rank's failure, its own capture's included, is raised at the same point on
+        every rank: by the returned save's ``wait()``, or the writer's next call. (Were the
+        rank whose capture failed to raise at once, it would skip a ``wait()`` that raises
+        on the others, and the ranks' background saves would pair different steps.)"""
+        require_shared(storage)
         self.wait()
         _one_at_a_time.acquire()  # background collectives of two writers never interleave
         try:
@@ -122,20 +137,17 @@ class JobWriter(AsyncWriter):
             with collector_paused():  # no full collection inside the stall (see gc_pause)
                 parts = split(state)
                 captured = capture_step(parts, dist.get_rank(group))
-            per_rank, shared = (
-                self._stage_flat(captured.per_rank),
-                self._stage_flat(captured.shared),
-            )
+                per_rank, shared = (
+                    self._stage_flat(captured.per_rank),
+                    self._stage_flat(captured.shared),
+                )
             staged.append(Captured(per_rank, shared))
-        except BaseException as exc:  # the other ranks learn of it in the background
+        except Exception as exc:  # every rank learns of it in the background
             failure = exc
-        pending = self._write_later(
-            storage, group, staged, failure, step, metrics, options, on_commit
-        )
-        if failure is not None:
-            self._unreported = None  # raised now, on this rank; not again at the next call
-            raise failure
-        return pending
+        except BaseException:  # KeyboardInterrupt and the like: this process stops here
+            _one_at_a_time.release()
+            raise
+        return self._write_later(storage, group, staged, failure, step, metrics, options, on_commit)
 
     def _write_later(
         self,
@@ -148,17 +160,21 @@ class JobWriter(AsyncWriter):
         options: SaveOptions,
         on_commit: Callable[[CheckpointInfo], None] | None,
     ) -> PendingSave:
-        """In the background, over ``group``: begin the step with the other ranks, agree
-        that every rank captured its state, write, commit, apply retention."""
+        """In the background, over ``group``: begin the step with the other ranks, check
+        that every rank saves this step, agree that every rank captured its state, write,
+        commit, apply retention."""
         begun: list[Begun] = []
         failed = [True]
 
         def work() -> CheckpointInfo:
             begun.append(Begun(storage, step, options, group))
-            if failure is not None:  # this rank's caller raised it; the others learn of it
-                report(failure, group)
-                raise RankFailure(f"step {step} was not saved: {failure}")
-            agree(None, group, f"capturing the state of step {step}")
+            steps = sorted(set(gather(step, group)))
+            if len(steps) > 1:  # a safeguard: the ranks' saves must pair the same step
+                raise RankFailure(
+                    f"the ranks' background saves are out of step (steps {steps} at once); "
+                    "nothing was committed. Call save() with the same step on every rank"
+                )
+            agree(failure, group, f"capturing the state of step {step}")
             info = write_captured(begun[0], group, staged[0], step, metrics, options)
             failed.clear()  # committed: what follows aborts nothing
             retention: BaseException | None = None
@@ -178,6 +194,7 @@ class JobWriter(AsyncWriter):
             finally:
                 if self._release:
                     self._buffers.clear()
+                    self._pinned.clear()
                     self._wrapped.clear()
                 _one_at_a_time.release()
 

@@ -26,7 +26,6 @@ __all__ = [
     "checkpoint_group",
     "from_rank0",
     "gather",
-    "report",
 ]
 
 CHECKPOINT_TIMEOUT = timedelta(minutes=30)
@@ -107,12 +106,6 @@ def agree(failure: BaseException | None, group: dist.ProcessGroup, what: str) ->
     if failed:
         detail = "; ".join(f"rank {r}: {kind}: {msg}" for r, (kind, msg) in failed)
         raise RankFailure(f"{what} failed on another rank ({detail})", kinds)
-
-
-def report(failure: BaseException, group: dist.ProcessGroup) -> None:
-    """This rank's part of an :func:`agree` that it has failed already (and raised its
-    error elsewhere): the other ranks learn of ``failure``; nothing is raised here."""
-    gather(_describe(failure), group)
 
 
 def from_rank0(

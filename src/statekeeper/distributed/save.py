@@ -45,6 +45,7 @@ __all__ = [
     "Captured",
     "capture_step",
     "captured_alike",
+    "require_shared",
     "save_distributed",
     "write_captured",
 ]
@@ -137,6 +138,16 @@ def _begin(storage: Storage, step: int, overwrite: bool) -> Transaction:
     return storage.begin(step_entry(step), replace=exists)
 
 
+def require_shared(storage: Storage) -> SharedStorage:
+    """``storage``, which several processes must be able to write."""
+    if not isinstance(storage, SharedStorage):
+        raise InvalidArgumentError(
+            f"{storage.describe()}: a distributed save needs a storage that several "
+            "processes can write (LocalStorage on a shared file system, or an fsspec URL)"
+        )
+    return storage
+
+
 class Begun:
     """A step begun by every rank over ``group``: rank 0 holds the run's lock and the
     transaction, every rank knows the entry's in-progress name."""
@@ -144,12 +155,7 @@ class Begun:
     def __init__(
         self, storage: Storage, step: int, options: SaveOptions, group: dist.ProcessGroup
     ) -> None:
-        if not isinstance(storage, SharedStorage):
-            raise InvalidArgumentError(
-                f"{storage.describe()}: a distributed save needs a storage that several "
-                "processes can write (LocalStorage on a shared file system, or an fsspec URL)"
-            )
-        self.storage: SharedStorage = storage
+        self.storage: SharedStorage = require_shared(storage)
         self.group = group
         self.rank = dist.get_rank(self.group)
         self.txn: Transaction | None = None

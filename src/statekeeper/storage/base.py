@@ -23,6 +23,11 @@ data stays alive while any entry names it; removing one entry never damages anot
 server-side copy on an object store. It returns False where the backend cannot do that
 here (the caller then writes the file).
 
+A storage may also have ``fingerprint(entry, name)`` (optional: :func:`fingerprint_of`):
+something that changes whenever the file's bytes are replaced or rewritten in place (local:
+device, inode, size and modification time; an object store: its ETag), or None when it
+cannot say. Incremental saves trust a file they checked before while it is unchanged.
+
 Backends differ in what a read costs and in whether a run directory exists apart from its
 entries; each says so in its :class:`Capabilities` (:func:`capabilities_of`), and callers
 ask it, never the backend's class.
@@ -46,6 +51,7 @@ __all__ = [
     "SharedStorage",
     "Storage",
     "Transaction",
+    "fingerprint_of",
     "reuser_of",
 ]
 
@@ -129,6 +135,12 @@ def reuser_of(files: object) -> Reuse | None:
     """``files.reuse`` where the writer has one (backends written earlier have not)."""
     found = getattr(files, "reuse", None)
     return found if callable(found) else None
+
+
+def fingerprint_of(storage: object, entry: str, name: str) -> object | None:
+    """``storage.fingerprint(entry, name)`` where the backend has one, else None."""
+    method = getattr(storage, "fingerprint", None)
+    return method(entry, name) if callable(method) else None
 
 
 def capabilities_of(storage: object) -> Capabilities:

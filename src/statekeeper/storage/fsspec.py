@@ -26,7 +26,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, StorageError
+from statekeeper.errors import (
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    StatekeeperError,
+    StorageError,
+)
 from statekeeper.storage.base import Capabilities, EntryWriter
 from statekeeper.storage.files import check_name
 
@@ -166,6 +171,15 @@ class FsspecStorage:
                 f"is {what}, not a regular file; statekeeper opens only regular files",
             )
         return info
+
+    def fingerprint(self, entry: str, name: str) -> object | None:
+        """The object's ETag (a new one with every write) where the store gives one."""
+        try:
+            info = self._info(entry, name)
+        except (OSError, StatekeeperError):
+            return None
+        tag = info.get("ETag") or info.get("etag")
+        return None if tag is None else (str(tag), info.get("size"))
 
     def read(self, entry: str, name: str) -> bytes:
         self._info(entry, name)

@@ -288,6 +288,13 @@ class LocalStorage:
         with self._in_entry(entry, name) as dfd:
             return regular_size(name, dir_fd=dfd)
 
+    def fingerprint(self, entry: str, name: str) -> object | None:
+        try:
+            st = os.stat(self.root / entry / name, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
     def begin(self, entry: str, *, replace: bool = False) -> _LocalTransaction:
         return _LocalTransaction(self.root, entry, replace)
 

@@ -156,6 +156,13 @@ class MemoryStorage:
         except KeyError:
             raise FileNotFoundError(self.describe(entry, name)) from None
 
+    def fingerprint(self, entry: str, name: str) -> object | None:
+        try:
+            data = self.read(entry, name)
+        except FileNotFoundError:
+            return None
+        return (id(data), len(data))  # bytes are replaced, never changed in place
+
     def size(self, entry: str, name: str) -> int:
         return len(self.read(entry, name))
 

@@ -1,0 +1,218 @@
+"""Incremental saves: files identical to the previous step's are reused, never trusted blindly."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import statekeeper as sk
+from statekeeper.checkpoint import incremental
+from statekeeper.storage import files as storage_files
+
+
+def lora_state(seed: int = 0) -> tuple[dict[str, Any], torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    base = torch.nn.Linear(256, 256)
+    base.requires_grad_(False)  # frozen: shards of its own
+    adapter = torch.nn.Linear(256, 4)
+    model = torch.nn.ModuleDict({"base": base, "adapter": adapter})
+    opt = torch.optim.Adam(adapter.parameters(), lr=0.01)
+    return {"model": model, "optim": opt}, adapter, opt
+
+
+def train(adapter: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    adapter(torch.randn(2, 256)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def manifest(run: Path, step: int) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run / f"step_{step:09d}" / "manifest.json").read_text())
+    return data
+
+
+@pytest.fixture(autouse=True)
+def _fresh_trust() -> None:
+    incremental._checked.clear()  # each test starts like a new process
+
+
+def test_an_unchanged_frozen_shard_is_linked_and_every_step_stays_whole(tmp_path: Path) -> None:
+    state, adapter, opt = lora_state()
+    infos = []
+    with sk.Checkpointer(tmp_path) as ckpt:
+        for step in (1, 2, 3):
+            train(adapter, opt)
+            infos.append(ckpt.save(step, state))
+    first, second, third = infos
+    assert first.written == first.bytes and first.reused_files == 0
+    assert second.reused_files == third.reused_files == 1
+    frozen = second.bytes - second.written
+    assert frozen > 256 * 256 * 4  # the frozen weight was not written again
+    inodes = {
+        s: {f.name: f.stat().st_ino for f in (tmp_path / f"step_{s:09d}").iterdir()}
+        for s in (1, 2, 3)
+    }
+    shared = [n for n in inodes[3] if inodes[3][n] == inodes[1].get(n)]
+    assert shared == ["tensors-00000.safetensors"]  # one file, three names
+    assert manifest(tmp_path, 3)["reused"] == {
+        "tensors-00000.safetensors": "step_000000002/tensors-00000.safetensors"
+    }
+    listed = {i.step: i for i in sk.list_checkpoints(tmp_path)}
+    assert listed[3].written == third.written and listed[3].bytes == third.bytes
+    shutil_rmtree(tmp_path / "step_000000001")
+    shutil_rmtree(tmp_path / "step_000000002")
+    assert sk.verify(tmp_path).ok  # deleting the steps it reused from damages nothing
+    fresh, fresh_adapter, fresh_opt = lora_state(seed=5)
+    train(fresh_adapter, fresh_opt)
+    sk.load(tmp_path, fresh | {"rng": sk.RNGState()})
+    for a, b in zip(
+        fresh["model"].state_dict().values(), state["model"].state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b)
+
+
+def shutil_rmtree(path: Path) -> None:
+    for f in path.iterdir():
+        f.unlink()
+    path.rmdir()
+
+
+def test_retention_deletes_steps_without_touching_the_files_others_share(tmp_path: Path) -> None:
+    state, adapter, opt = lora_state()
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1)) as ckpt:
+        for step in range(1, 5):
+            train(adapter, opt)
+            ckpt.save(step, state)
+    assert [i.step for i in sk.list_checkpoints(tmp_path)] == [4]
+    assert sk.verify(tmp_path).ok
+    assert (tmp_path / "step_000000004" / "tensors-00000.safetensors").stat().st_nlink == 1
+
+
+def test_a_damaged_previous_file_is_not_reused_but_written_anew(tmp_path: Path) -> None:
+    state, adapter, opt = lora_state()
+    sk.save(tmp_path, state, step=1)
+    frozen = tmp_path / "step_000000001" / "tensors-00000.safetensors"
+    data = bytearray(frozen.read_bytes())
+    data[-1] ^= 0xFF  # bit rot in step 1's copy
+    frozen.write_bytes(bytes(data))
+    train(adapter, opt)
+    info = sk.save(tmp_path, state, step=2)
+    assert info.reused_files == 0 and info.written == info.bytes
+    assert "reused" not in manifest(tmp_path, 2)
+    report = sk.verify(tmp_path)
+    assert [s.ok for s in report.steps] == [False, True]  # step 2 did not inherit the damage
+
+
+def test_a_file_checked_once_is_trusted_while_it_is_unchanged(tmp_path: Path) -> None:
+    state, adapter, opt = lora_state()
+    reads: list[str] = []
+    storage = sk.LocalStorage(tmp_path)
+    real_read = storage.read
+
+    def read(entry: str, name: str) -> Any:
+        reads.append(f"{entry}/{name}")
+        return real_read(entry, name)
+
+    storage.read = read  # type: ignore[method-assign]
+    for step in (1, 2, 3):
+        train(adapter, opt)
+        sk.save(storage, state, step=step)
+    tensor_reads = [r for r in reads if r.endswith(".safetensors")]
+    assert tensor_reads == []  # written by this process: its bytes are those it hashed
+    incremental._checked.clear()  # a new process: the file is read once, then trusted
+    for step in (4, 5):
+        train(adapter, opt)
+        sk.save(storage, state, step=step)
+    assert [r for r in reads if r.endswith(".safetensors")] == [
+        "step_000000003/tensors-00000.safetensors"
+    ]
+
+
+def test_write_all_writes_every_file(tmp_path: Path) -> None:
+    state, adapter, opt = lora_state()
+    with sk.Checkpointer(tmp_path, incremental=sk.Incremental.WRITE_ALL) as ckpt:
+        for step in (1, 2):
+            train(adapter, opt)
+            info = ckpt.save(step, state)
+    assert isinstance(info, sk.CheckpointInfo)
+    assert info.reused_files == 0 and info.written == info.bytes
+    with pytest.raises(sk.InvalidArgumentError, match="incremental must be"):
+        sk.Checkpointer(tmp_path / "other", incremental="yes")  # type: ignore[arg-type]
+
+
+def test_background_saves_reuse_too(tmp_path: Path) -> None:
+    state, adapter, opt = lora_state()
+    with sk.Checkpointer(tmp_path, async_save=True) as ckpt:
+        for step in (1, 2, 3):
+            train(adapter, opt)
+            ckpt.save(step, state)
+        info = ckpt.wait()
+    assert info is not None and info.reused_files == 1
+    assert sk.verify(tmp_path).ok
+
+
+def test_without_hard_links_the_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted (a file system without links)")
+
+    state, adapter, opt = lora_state()
+    sk.save(tmp_path, state, step=1)
+    monkeypatch.setattr(storage_files.os, "link", no_links)
+    train(adapter, opt)
+    info = sk.save(tmp_path, state, step=2)
+    assert info.reused_files == 0 and info.written == info.bytes
+    assert sk.verify(tmp_path).ok
+
+
+def test_a_link_that_fails_otherwise_aborts_the_save_and_names_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    state, _, _ = lora_state()
+    sk.save(tmp_path, state, step=1)
+    monkeypatch.setattr(storage_files.os, "link", broken)
+    with pytest.raises(sk.StorageError, match=r"linking .*tensors-00000.safetensors"):
+        sk.save(tmp_path, state, step=2)
+    assert [i.step for i in sk.list_checkpoints(tmp_path)] == [1]
+    assert sk.list_partial(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["memory", "fsspec"])
+def test_other_storages_reuse_through_their_own_copy(kind: str, tmp_path: Path) -> None:
+    storage: Any = (
+        sk.MemoryStorage(name=f"memory://inc-{os.getpid()}")
+        if kind == "memory"
+        else sk.FsspecStorage(f"memory://inc-{os.getpid()}-{tmp_path.name}")
+    )
+    state, adapter, opt = lora_state()
+    for step in (1, 2):
+        train(adapter, opt)
+        info = sk.save(storage, state, step=step)
+    assert info.reused_files == 1
+    assert sk.verify(storage).ok
+    got = sk.read(storage)
+    assert torch.equal(got["model"]["base.weight"], state["model"].base.weight)
+
+
+def test_a_manifest_that_marks_an_unknown_file_reused_is_corrupt(tmp_path: Path) -> None:
+    from statekeeper.format.manifest import Manifest
+
+    state, adapter, opt = lora_state()
+    sk.save(tmp_path, state, step=1)
+    train(adapter, opt)
+    sk.save(tmp_path, state, step=2)
+    data = (tmp_path / "step_000000002" / "manifest.json").read_bytes()
+    parsed = Manifest.from_bytes("m", data)
+    bad = Manifest(**{**parsed.__dict__, "reused": {"nope.safetensors": "step_1/x"}})
+    with pytest.raises(sk.CorruptCheckpointError, match="unknown files reused"):
+        Manifest.from_bytes("m", bad.to_bytes())

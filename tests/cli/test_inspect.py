@@ -94,7 +94,9 @@ def test_inspect_json_structure(invoke: Invoke, run_dir: Path) -> None:
         "values": 4,
         "files": 2,
         "file_bytes": size,
+        "written_bytes": size,  # step 2's tensors differ from step 1's: nothing reused
     }
+    assert data["reused"] == {}
 
 
 def test_inspect_step_option_and_step_directory(
@@ -188,3 +190,23 @@ def test_piped_output_never_folds_a_name_mid_word(tmp_path: Path) -> None:
     result = CliRunner(env={"COLUMNS": "60"}).invoke(main, ["inspect", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert any(name in line for line in result.output.splitlines())
+
+
+def test_ls_and_inspect_show_what_an_incremental_save_wrote(invoke: Invoke, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    frozen = torch.arange(4096, dtype=torch.float32)
+    statekeeper.save(run, {"frozen": frozen}, step=1)
+    statekeeper.save(run, {"frozen": frozen}, step=2)  # nothing changed: all of it reused
+    result = invoke("ls", run, "--json")
+    assert result.exit_code == 0, result.output
+    listed = {c["step"]: c for c in json.loads(result.stdout)["checkpoints"]}
+    assert listed[1]["written"] == listed[1]["bytes"] and listed[1]["reused_files"] == 0
+    manifest = (run / "step_000000002" / "manifest.json").stat().st_size
+    assert listed[2]["written"] == manifest and listed[2]["reused_files"] == 1
+    table = invoke("ls", run).stdout
+    assert "written" in table and "all" in table
+    data = _json(invoke, run)
+    assert data["totals"]["written_bytes"] == manifest
+    text = invoke("inspect", run).stdout
+    assert "reused 1 unchanged file(s)" in text
+    assert "reused: tensors-00000.safetensors = step_000000001/tensors-00000.safetensors" in text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ class ReportTotals:
     values: int  # non-tensor values
     files: int  # the manifest included
     file_bytes: int  # on disk, the manifest included
+    written_bytes: int = 0  # what its save wrote: file_bytes less the files it reused
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class StepReport:
     entries: tuple[EntryReport, ...]
     aliases: Mapping[str, str]  # alias name -> the stored tensor whose memory it shares
     totals: ReportTotals
+    reused: Mapping[str, str] = field(default_factory=dict)  # file -> "<entry>/<file>" it reuses
 
 
 class _Rows:
@@ -204,6 +206,7 @@ def inspect_location(location: Location) -> StepReport:
     )
     every = [row for entry in entries for row in entry.tensors]
     _check_claims(where, manifest, every)
+    manifest_size = location.storage.size(location.entry, MANIFEST)
     totals = ReportTotals(
         tensors=sum(1 for row in every if row.in_state),
         stored=len(manifest.tensors),
@@ -211,8 +214,8 @@ def inspect_location(location: Location) -> StepReport:
         tensor_bytes=sum(row.bytes for row in every),
         values=sum(len(entry.values) for entry in entries),
         files=len(manifest.files) + 1,
-        file_bytes=location.storage.size(location.entry, MANIFEST)
-        + sum(f.size for f in manifest.files.values()),
+        file_bytes=manifest_size + sum(f.size for f in manifest.files.values()),
+        written_bytes=manifest_size + manifest.written_bytes(),
     )
     return StepReport(
         path=location.path(),
@@ -223,6 +226,7 @@ def inspect_location(location: Location) -> StepReport:
         entries=entries,
         aliases={name: alias.base for name, alias in manifest.aliases.items()},
         totals=totals,
+        reused=dict(manifest.reused),
     )
 
 

@@ -27,6 +27,8 @@ def _info_json(info: CheckpointInfo) -> dict[str, Any]:
         "created": info.created.isoformat() if info.created else None,
         "metrics": dict(info.metrics),
         "files": info.files,
+        "written": info.written,
+        "reused_files": info.reused_files,
         "error": info.error,
     }
 

@@ -129,25 +129,27 @@ def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEnt
     table.add_column("step", justify="right")
     table.add_column("created")
     table.add_column("size", justify="right")
+    table.add_column("written", justify="right")
     table.add_column("files", justify="right")
     table.add_column("metrics", overflow="fold")
     table.add_column("status", overflow="fold")
     for info in infos:
         if info.error is not None:
             status = Text(f"damaged: {info.error}", style="red")
-            table.add_row(str(info.step), "-", "-", "-", "", status)
+            table.add_row(str(info.step), "-", "-", "-", "-", "", status)
             continue
         table.add_row(
             str(info.step),
             _created(info.created),
             human_bytes(info.bytes),
+            human_bytes(info.written) if info.reused_files else "all",
             str(info.files),
             metrics_text(info.metrics),
             Text("ok", style="green"),
         )
     for entry in partial:
         note = Text(f"{PARTIAL_NOTE}: {entry.name}", style="yellow")
-        table.add_row(str(entry.step), "-", "-", "-", "", note)
+        table.add_row(str(entry.step), "-", "-", "-", "-", "", note)
     console.print(table)
     damaged = sum(1 for i in infos if i.error is not None)
     summary = f"{len(infos)} committed step(s)"

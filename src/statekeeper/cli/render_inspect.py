@@ -116,6 +116,13 @@ def inspection(report: StepReport) -> None:
         f"{t.values} other value(s), {t.files} file(s) ({human_bytes(t.file_bytes)} on disk)",
         "bold",
     )
+    if report.reused:
+        out.text(
+            f"incremental: its save wrote {human_bytes(t.written_bytes)} and reused "
+            f"{len(report.reused)} unchanged file(s) of earlier steps"
+        )
+        for name, source in sorted(report.reused.items()):
+            out.text(f"reused: {name} = {source}")
     for name, base in sorted(report.aliases.items()):
         out.text(f"alias: {name} -> {base} (shares its memory)")
     out.flush()

@@ -216,3 +216,57 @@ def test_a_manifest_that_marks_an_unknown_file_reused_is_corrupt(tmp_path: Path)
     bad = Manifest(**{**parsed.__dict__, "reused": {"nope.safetensors": "step_1/x"}})
     with pytest.raises(sk.CorruptCheckpointError, match="unknown files reused"):
         Manifest.from_bytes("m", bad.to_bytes())
+
+
+def _checksums(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """Records the tensor names of every shard checksummed from memory."""
+    calls: list[tuple[str, ...]] = []
+    real = incremental.shard_checksum
+
+    def counted(tensors: dict[str, torch.Tensor], shard: Any) -> str:
+        calls.append(tuple(tensors))
+        return real(tensors, shard)
+
+    monkeypatch.setattr(incremental, "shard_checksum", counted)
+    return calls
+
+
+def test_a_frozen_shard_whose_tensors_did_not_move_is_not_checksummed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _checksums(monkeypatch)
+    state, adapter, opt = lora_state()
+    with sk.Checkpointer(tmp_path, async_save=True) as ckpt:  # marks taken in the caller
+        for step in (1, 2, 3, 4):
+            train(adapter, opt)
+            ckpt.save(step, state)
+        ckpt.wait()
+    frozen = [c for c in calls if "model/base.weight" in c]
+    assert frozen == []  # its marks from step 1 on: the checksum is known without hashing
+    assert all(i.reused_files == 1 for i in sk.list_checkpoints(tmp_path)[1:])
+    assert sk.verify(tmp_path).ok
+
+
+@pytest.mark.parametrize("how", ["in place", "through .data", "a new parameter"])
+def test_a_frozen_tensor_that_changed_is_written_however_it_changed(
+    how: str, tmp_path: Path
+) -> None:
+    state, adapter, opt = lora_state()
+    base = state["model"].base
+    with sk.Checkpointer(tmp_path) as ckpt:
+        for step in (1, 2):
+            train(adapter, opt)
+            ckpt.save(step, state)
+        with torch.no_grad():
+            if how == "in place":
+                base.weight.add_(1.0)
+            elif how == "through .data":  # a version counter of its own: the samples see it
+                base.weight.data.copy_(torch.randn_like(base.weight))
+            else:
+                base.weight = torch.nn.Parameter(base.weight + 1.0, requires_grad=False)
+        train(adapter, opt)
+        info = ckpt.save(3, state)
+    assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 0
+    saved = sk.read(tmp_path)["model"]["base.weight"]
+    assert torch.equal(saved, base.weight)
+    assert sk.verify(tmp_path).ok

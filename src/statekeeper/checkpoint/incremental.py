@@ -17,11 +17,13 @@ means the shard is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
+import xxhash
 
 from statekeeper.checkpoint.location import Location, committed
 from statekeeper.checkpoint.manifests import read_manifest
@@ -31,7 +33,7 @@ from statekeeper.format.manifest import FileRecord
 from statekeeper.format.safetensors_io import ShardLayout, stream
 from statekeeper.storage.base import FileWriter, Storage, fingerprint_of, reuser_of
 
-__all__ = ["Incremental", "Previous", "Reuser", "previous_step", "shard_checksum"]
+__all__ = ["Incremental", "Mark", "Previous", "Reuser", "previous_step", "shard_checksum"]
 
 
 class Incremental(StrEnum):
@@ -54,6 +56,55 @@ class Previous:
     entry: str
     files: dict[str, FileRecord]
     by_size: dict[int, list[str]] = field(default_factory=dict)
+
+
+_SAMPLES = 16
+_SAMPLE_BYTES = 4096
+
+
+@dataclass(frozen=True, eq=False)
+class Mark:
+    """A frozen parameter as it was when a save began: the object itself (weakly held), the
+    address of its data, its version counter (moved by every in-place write), and a hash of
+    16 spread-out 4 KiB samples of its bytes (CPU tensors). A frozen shard whose tensors all
+    keep their marks from one save to the next holds the bytes checksummed then, and is not
+    checksummed again. The samples catch a wholesale rewrite through ``.data`` (which has a
+    version counter of its own); a sparse write through ``.data`` between two saves is the
+    one change this cannot see (``Incremental.WRITE_ALL`` then)."""
+
+    ref: weakref.ref[torch.Tensor]
+    address: int
+    version: int
+    sample: int
+
+    @classmethod
+    def of(cls, param: torch.Tensor) -> Mark | None:
+        try:
+            version = param._version
+        except RuntimeError:  # an inference tensor keeps no version counter
+            return None
+        return cls(weakref.ref(param), param.data_ptr(), version, _sample(param))
+
+    def same(self, other: Mark) -> bool:
+        """Whether ``other`` marks the same live tensor, unmoved and unwritten."""
+        target = self.ref()
+        return (
+            target is not None
+            and target is other.ref()
+            and (self.address, self.version, self.sample)
+            == (other.address, other.version, other.sample)
+        )
+
+
+def _sample(t: torch.Tensor) -> int:
+    if not (t.is_cpu and t.is_contiguous()) or t.numel() == 0:
+        return 0
+    raw = t.detach().reshape(-1).view(torch.uint8).numpy()
+    step = max(len(raw) // _SAMPLES, 1)
+    state = xxhash.xxh3_64()
+    for start in range(0, len(raw), step):
+        state.update(raw[start : start + _SAMPLE_BYTES].tobytes())
+    return state.intdigest()
 
 
 def previous_step(storage: Storage, step: int) -> Previous | None:
@@ -96,15 +147,52 @@ def _trust(key: tuple[str, str], found: tuple[object, str]) -> None:
         _checked.pop(next(iter(_checked)), None)
 
 
-class Reuser:
-    """Reuses the previous step's files for the shards of one save."""
+@dataclass(frozen=True)
+class _Steady:
+    """A frozen shard as this process last saved it: its tensors' names and marks, and the
+    file's checksum and size."""
 
-    def __init__(self, storage: Storage, files: FileWriter, previous: Previous | None) -> None:
+    names: tuple[str, ...]
+    marks: tuple[Mark, ...]
+    checksum: str
+    size: int
+
+
+_steady: dict[tuple[str, str], _Steady] = {}  # (storage, shard file) -> as last saved
+_STEADY_MAX = 4096
+
+
+class Reuser:
+    """Reuses the previous step's files for the shards of one save; ``marks`` are the
+    frozen parameters' :class:`Mark` taken when the save began."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        files: FileWriter,
+        previous: Previous | None,
+        marks: Mapping[str, Mark | None],
+    ) -> None:
         self._storage = storage
         self._previous = previous
         self._reuse = reuser_of(files)
+        self._marks = marks
         self.reused: dict[str, str] = {}
-        self._records: dict[str, FileRecord] = {}
+        self.skipped = 0  # shards whose checksum came from their marks, not their bytes
+
+    def _marked(self, names: Sequence[str]) -> tuple[Mark, ...] | None:
+        found = tuple(self._marks.get(n) for n in names)
+        return None if any(m is None for m in found) else found  # type: ignore[return-value]
+
+    def _known_checksum(self, name: str, names: tuple[str, ...], size: int) -> str | None:
+        """The checksum of the shard ``name`` when its frozen tensors kept their marks since
+        this process saved it last (same names, same size)."""
+        marks = self._marked(names)
+        known = _steady.get((self._storage.describe(), name))
+        if marks is None or known is None or (known.names, known.size) != (names, size):
+            return None
+        unmoved = all(a.same(b) for a, b in zip(known.marks, marks, strict=True))
+        return known.checksum if unmoved else None
 
     def _candidates(self, name: str, size: int) -> Iterator[str]:
         if self._previous is None or self._reuse is None:
@@ -131,13 +219,24 @@ class Reuser:
             _trust(self._key(entry, name), (mark, record.checksum))
         return ok
 
-    def committed(self, entry: str, records: dict[str, FileRecord]) -> None:
-        """Note the files of the step just committed as ``entry``: their bytes are those
-        this process checksummed (written) or checked (reused)."""
+    def committed(
+        self, entry: str, records: dict[str, FileRecord], shards: Mapping[str, Sequence[str]]
+    ) -> None:
+        """Note the files of the step just committed as ``entry`` (their bytes are those
+        this process checksummed or checked) and the marks of the frozen shards' tensors;
+        ``shards``: file -> the names of its tensors."""
+        where = self._storage.describe()
         for name, record in records.items():
             mark = fingerprint_of(self._storage, entry, name)
             if mark is not None:
                 _trust(self._key(entry, name), (mark, record.checksum))
+            names = tuple(shards.get(name, ()))
+            marks = self._marked(names) if names else None
+            if marks is not None:
+                _steady.pop((where, name), None)
+                _steady[(where, name)] = _Steady(names, marks, record.checksum, record.size)
+        while len(_steady) > _STEADY_MAX:
+            _steady.pop(next(iter(_steady)), None)
 
     def try_reuse(
         self, name: str, tensors: dict[str, torch.Tensor], shard: ShardLayout
@@ -147,7 +246,11 @@ class Reuser:
         candidates = list(self._candidates(name, shard.size))
         if not candidates or self._previous is None or self._reuse is None:
             return None
-        digest = shard_checksum(tensors, shard)
+        digest = self._known_checksum(name, tuple(tensors), shard.size)
+        if digest is None:
+            digest = shard_checksum(tensors, shard)
+        else:
+            self.skipped += 1
         entry = self._previous.entry
         for source in candidates:
             record = self._previous.files[source]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import torch
 
 from statekeeper._version import __version__
 from statekeeper.checkpoint.checks import Strict
-from statekeeper.checkpoint.incremental import Incremental
+from statekeeper.checkpoint.incremental import Incremental, Mark
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -46,7 +47,9 @@ class SaveOptions:
     - ``provenance``: the manifest's creation time and library versions; ``None`` takes
       :meth:`Provenance.now` when the manifest is written (golden-file tests pin it);
     - ``incremental``: whether shards identical to files of the previous step are reused
-      (:class:`~statekeeper.checkpoint.incremental.Incremental`).
+      (:class:`~statekeeper.checkpoint.incremental.Incremental`);
+    - ``marks``: the frozen parameters' version marks, taken in the caller (an incremental
+      save skips checksumming a frozen shard whose tensors did not move).
     """
 
     overwrite: bool = False
@@ -55,6 +58,7 @@ class SaveOptions:
     progress: Progress | None = None
     provenance: Provenance | None = None
     incremental: Incremental = Incremental.REUSE
+    marks: Mapping[str, Mark | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.incremental, Incremental):

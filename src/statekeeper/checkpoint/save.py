@@ -18,7 +18,7 @@ from typing import Any, Literal, overload
 from statekeeper.checkpoint.adapters import Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
-from statekeeper.checkpoint.incremental import Incremental
+from statekeeper.checkpoint.incremental import Incremental, Mark
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
 from statekeeper.checkpoint.options import SaveOptions
@@ -71,12 +71,19 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def frozen_names(state: Mapping[str, Any]) -> frozenset[str]:
     """Tensor names of parameters that do not require grad (stored in shards of their own)."""
-    names: set[str] = set()
+    return frozenset(frozen_marks(state))
+
+
+def frozen_marks(state: Mapping[str, Any]) -> dict[str, Mark | None]:
+    """Parameters that do not require grad, by tensor name, each with its
+    :class:`~statekeeper.checkpoint.incremental.Mark` (None when it has none)."""
+    marks: dict[str, Mark | None] = {}
     for name, obj in state.items():
         if adapter_for(obj).kind is Kind.MODULE:
-            params = unwrap(obj).named_parameters()
-            names.update(f"{name}/{p}" for p, param in params if not param.requires_grad)
-    return frozenset(names)
+            for p, param in unwrap(obj).named_parameters():
+                if not param.requires_grad:
+                    marks[f"{name}/{p}"] = Mark.of(param)
+    return marks
 
 
 def save_state(
@@ -115,7 +122,8 @@ def save_state(
             )
         info = collective().save(storage, state, step=step, metrics=metrics, options=options)
     else:
-        options = replace(options, frozen=frozen_names(state))
+        marks = frozen_marks(state)  # in the caller: before a background save stages
+        options = replace(options, frozen=frozenset(marks), marks=marks)
         if writer is not None:
             prepared = writer.prepare(capture(state), metrics)  # plan cache: less stall
             return writer.submit(

@@ -193,7 +193,8 @@ def commit(
     try:
         txn = storage.begin(entry, replace=exists)
         reuse = options.incremental is Incremental.REUSE
-        reuser = Reuser(storage, txn, previous_step(storage, step) if reuse else None)
+        previous = previous_step(storage, step) if reuse else None
+        reuser = Reuser(storage, txn, previous, options.marks)
         for file, members, lay in planned:
             record = reuser.try_reuse(file, members, lay)
             if record is None:
@@ -218,7 +219,7 @@ def commit(
         manifest_bytes = manifest.to_bytes()
         txn.write(MANIFEST, manifest_bytes)
         txn.commit()
-        reuser.committed(entry, files)
+        reuser.committed(entry, files, {file: tuple(members) for file, members, _ in planned})
     except OSError as exc:  # out of space, I/O error, ...: nothing committed, nothing touched
         if txn is not None:
             txn.abort()

@@ -208,7 +208,7 @@ def report(result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--base-mib", type=int, default=1024, help="frozen float32 weights")
-    parser.add_argument("--adapter-mib", type=int, default=20, help="trainable weights")
+    parser.add_argument("--adapter-mib", type=int, default=10, help="trainable weights")
     parser.add_argument("--saves", type=int, default=10)
     parser.add_argument("--dir", default=".", help="where the saves go (a real disk)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -21,10 +21,11 @@ Limits, compared with :class:`~statekeeper.storage.local.LocalStorage`:
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar, cast
 
 from statekeeper.errors import (
     CorruptCheckpointError,
@@ -39,6 +40,32 @@ __all__ = ["INCOMPLETE", "FsspecStorage"]
 
 INCOMPLETE = ".partial-0"
 """Suffix under which an entry without its commit marker is reported."""
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _translated(doing: str) -> Callable[[_Method], _Method]:
+    """A method whose failures reaching the store are ``StorageError`` naming what was done
+    and where: an unreachable store raises its client's own exceptions (botocore's, aiohttp's),
+    which callers could not tell from a bug. A missing file stays ``FileNotFoundError``."""
+
+    def wrap(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except (StatekeeperError, FileNotFoundError, NotImplementedError):
+                raise
+            except Exception as exc:
+                where = self.where(*args)
+                raise StorageError(
+                    getattr(exc, "errno", None),
+                    f"{doing} {where} failed: {type(exc).__name__}: {exc}",
+                ) from exc
+
+        return cast(_Method, inner)
+
+    return wrap
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -62,6 +89,9 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
 class _FsspecFiles(EntryWriter):
     """Writes files into one entry; with ``owner`` it may also commit or abort it."""
 
+    def where(self, name: str = "", *_: Any) -> str:
+        return self._storage.describe(self._final, name)
+
     def __init__(self, storage: FsspecStorage, final: str, owner: bool) -> None:
         self._storage = storage
         self._final = final
@@ -69,6 +99,7 @@ class _FsspecFiles(EntryWriter):
         self._done = False
         self._entry = final + INCOMPLETE
 
+    @_translated("writing")
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         path = self._storage.path(self._final, name)
         try:
@@ -78,6 +109,7 @@ class _FsspecFiles(EntryWriter):
         except OSError as exc:
             raise StorageError(exc.errno, f"could not write {path}: {exc}") from exc
 
+    @_translated("copying into")
     def reuse(self, name: str, entry: str, source: str) -> bool:
         """A copy made by the store itself (S3 ``CopyObject``, GCS rewrite, ...); False
         where the file system has no copy of its own."""
@@ -90,6 +122,7 @@ class _FsspecFiles(EntryWriter):
             raise StorageError(exc.errno, f"could not copy {src} to {target}: {exc}") from exc
         return True
 
+    @_translated("committing")
     def commit(self) -> None:
         if not self._owner:
             raise StorageError(None, f"{self.entry}: only the transaction that began it commits")
@@ -99,9 +132,12 @@ class _FsspecFiles(EntryWriter):
         self._done = True
 
     def abort(self) -> None:
+        """Remove what was written, as far as the store lets it now: an entry left behind
+        has no commit marker, is listed as partial and never read (``remove_partial``)."""
         if self._owner and not self._done:
-            self._storage.remove(self._final)
             self._done = True
+            with suppress(StorageError, FileNotFoundError):
+                self._storage.remove(self._final)
 
 
 class FsspecStorage:
@@ -119,6 +155,9 @@ class FsspecStorage:
         self._mutex = threading.Lock()
         self._depth = 0
 
+    def where(self, entry: str = "", name: str = "", *_: Any) -> str:
+        return self.describe(entry, name) if isinstance(entry, str) else self.describe()
+
     def path(self, entry: str = "", name: str = "") -> str:
         return "/".join(p for p in (self.root, entry, name) if p)
 
@@ -131,9 +170,11 @@ class FsspecStorage:
     def _real(self, entry: str) -> str:
         return entry.removesuffix(INCOMPLETE)
 
+    @_translated("looking for")
     def exists(self) -> bool:
         return bool(self.fs.exists(self.root))
 
+    @_translated("listing")
     def entries(self) -> list[str]:
         try:
             listed = self.fs.ls(self.root, detail=True)
@@ -148,6 +189,7 @@ class FsspecStorage:
             out.append(name if committed else name + INCOMPLETE)
         return sorted(out)
 
+    @_translated("listing")
     def files(self, entry: str) -> list[str]:
         base = self.path(self._real(entry))
         if not self.fs.isdir(base):
@@ -157,6 +199,7 @@ class FsspecStorage:
             str(i["name"]).rstrip("/").rsplit("/", 1)[-1] for i in listed if i.get("type") == "file"
         )
 
+    @_translated("reading the size of")
     def _info(self, entry: str, name: str) -> dict[str, Any]:
         """The object's description, refused unless it is a plain file (an object; on a
         local file system a regular file that is no link): a FIFO never blocks a read."""
@@ -181,6 +224,7 @@ class FsspecStorage:
         tag = info.get("ETag") or info.get("etag")
         return None if tag is None else (str(tag), info.get("size"))
 
+    @_translated("reading")
     def read(self, entry: str, name: str) -> bytes:
         self._info(entry, name)
         data = self.fs.cat_file(self.path(self._real(entry), name))
@@ -189,6 +233,7 @@ class FsspecStorage:
     def size(self, entry: str, name: str) -> int:
         return int(self._info(entry, name)["size"])
 
+    @_translated("beginning")
     def begin(self, entry: str, *, replace: bool = False) -> _FsspecFiles:
         base = self.path(entry)
         if self.fs.exists(base):
@@ -201,6 +246,7 @@ class FsspecStorage:
         """Write files into the in-progress ``entry`` that another process began."""
         return _FsspecFiles(self, self._real(entry), owner=False)
 
+    @_translated("removing")
     def remove(self, entry: str) -> None:
         real = self._real(entry)
         marker = self.path(real, self.marker)

@@ -1,0 +1,85 @@
+"""An S3-compatible server on localhost for the tests: moto's server, spoken to through s3fs.
+
+The server runs in a thread of the test process (``moto.server.ThreadedMotoServer``) on a
+free port of 127.0.0.1. Its buckets live in this process, so :meth:`S3Server.restart` drops
+every connection and refuses new ones until it is back (as a restarting server does) while
+the stored objects stay. Nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+from moto.server import ThreadedMotoServer
+
+__all__ = ["S3Server"]
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+class S3Server:
+    """One moto S3 server; ``options`` are the s3fs storage options that reach it."""
+
+    def __init__(self) -> None:
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+        for key, value in CREDENTIALS.items():  # never a real account's
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        self.port = 0
+        self._server: ThreadedMotoServer | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {
+            "key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+            "skip_instance_cache": True,  # a fresh client per storage: no stale connections
+            "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},  # fail fast
+        }
+
+    def start(self) -> None:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        server.start()
+        self.port = server.get_host_and_port()[1]
+        self._server = server
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+            inner = server._server
+            if inner is not None:
+                inner.server_close()  # the port is free for the restart
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def filesystem(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(**self.options)
+
+    def new_bucket(self) -> str:
+        """A new empty bucket's name."""
+        import boto3
+
+        name = f"sk-{uuid.uuid4().hex[:12]}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        )
+        client.create_bucket(Bucket=name)  # us-east-1: no location constraint
+        return name

@@ -26,6 +26,7 @@ EXPECTED = {
     "CheckpointUnreadableError", "LocationError", "StateMismatchError", "Progress",
     "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
+    "Mirror", "MirrorError", "MirrorStatus",
     "OnSignal", "inspect", "verify", "ForeignReport", "StepReport", "StepVerification",
     "VerifyReport",
 }  # fmt: skip

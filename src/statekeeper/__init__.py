@@ -30,6 +30,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.checkpoint.inspection import StepReport
     from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
     from statekeeper.checkpoint.load import Strict, load
+    from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
     from statekeeper.checkpoint.policies import (
         AtSteps,
         EverySeconds,
@@ -57,6 +58,7 @@ if _typing.TYPE_CHECKING:
         KeyMismatchError,
         LoadStateError,
         LocationError,
+        MirrorError,
         RankFailure,
         StatekeeperError,
         StatekeeperWarning,
@@ -110,6 +112,9 @@ _EXPORTS = {
     "LocationError": "statekeeper.errors",
     "LocalStorage": "statekeeper.storage.local",
     "MemoryStorage": "statekeeper.storage.memory",
+    "Mirror": "statekeeper.checkpoint.mirror",
+    "MirrorError": "statekeeper.errors",
+    "MirrorStatus": "statekeeper.checkpoint.mirror",
     "Mode": "statekeeper.checkpoint.policies",
     "OnSignal": "statekeeper.checkpoint.policies",
     "OptimizerChange": "statekeeper.state.optimizer",
@@ -232,6 +237,9 @@ __all__ = [
     "FsspecStorage",
     "LocalStorage",
     "MemoryStorage",
+    "Mirror",
+    "MirrorError",
+    "MirrorStatus",
     "RestoreInfo",
     "StatekeeperError",
     "StatekeeperWarning",

@@ -43,6 +43,7 @@ __all__ = [
     "KeyMismatchError",
     "LoadStateError",
     "LocationError",
+    "MirrorError",
     "RankFailure",
     "StatekeeperError",
     "StatekeeperWarning",
@@ -197,6 +198,15 @@ class WriterConflictError(LocationError, BlockingIOError):
 
 class StorageError(LocationError):
     """The storage backend failed an operation."""
+
+
+class MirrorError(StorageError):
+    """A committed step could not be copied to the mirror tier (after retries); it is intact
+    on the local tier. ``steps`` lists the steps whose upload failed."""
+
+    def __init__(self, message: str, steps: Sequence[int] = ()) -> None:
+        super().__init__(None, message)
+        self.steps = tuple(steps)
 
 
 class InvalidArgumentError(StatekeeperError, ValueError):

@@ -19,22 +19,21 @@ from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.listing import list_checkpoints, list_partial, warn_if_foreign
-from statekeeper.checkpoint.load import Strict, check_assignable, load
+from statekeeper.checkpoint.listing import list_partial, warn_if_foreign
+from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
+from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, Uploader
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
+from statekeeper.checkpoint.resume import newest_intact
+from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.save import save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import SignalWatch
 from statekeeper.errors import (
-    CheckpointUnreadableError,
     InvalidArgumentError,
-    RankFailure,
     StatekeeperError,
     StatekeeperWarning,
-    StepNotFoundError,
-    raised_only,
     user_stacklevel,
 )
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
@@ -85,6 +84,7 @@ class Checkpointer:
         async_save: bool = False,
         scope: Scope = Scope.AUTO,
         incremental: Incremental = Incremental.REUSE,
+        mirror: Mirror | None = None,
     ) -> None:
         if keep is not None and not isinstance(keep, Retention):
             raise InvalidArgumentError(
@@ -94,9 +94,19 @@ class Checkpointer:
             raise InvalidArgumentError(
                 f"every must be a save policy such as EverySteps(100), got {every!r}"
             )
+        if mirror is not None and not isinstance(mirror, Mirror):
+            raise InvalidArgumentError(
+                f"mirror must be a statekeeper.Mirror('s3://bucket/run', ...), got {mirror!r}"
+            )
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)
+        if mirror is not None and self._distributed:
+            raise InvalidArgumentError(
+                "mirror= is for single-process runs for now: in a multi-process job each "
+                "rank's files may be on its own node; save to the shared or remote storage"
+            )
+        self._uploader = Uploader(self.storage, mirror) if mirror is not None else None
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
         self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
@@ -145,6 +155,8 @@ class Checkpointer:
 
         Interrupted saves are removed first. A newest step that is damaged is skipped with a
         ``StatekeeperWarning`` (an older intact one is loaded); key mismatches are errors.
+        With a mirror, the newest step intact on either tier is loaded (from the local tier
+        when both hold it; downloaded from the mirror otherwise).
         """
         self._check_open()
         check_assignable(state)
@@ -153,27 +165,11 @@ class Checkpointer:
             for partial in list_partial(self.storage):
                 self.storage.remove(partial.name)
         full = self._with_rng(state)
-        for parsed in reversed(committed(self.storage)):
-            try:
-                info = load(
-                    self.storage,
-                    full,
-                    step=parsed.step,
-                    strict=strict,
-                    scope=self._scope,
-                    on_optimizer_change=on_optimizer_change,
-                )
-            except (CheckpointUnreadableError, StepNotFoundError, RankFailure) as exc:
-                # unreadable, or deleted while read: skipped (on every rank of a job alike)
-                if not raised_only(exc, CheckpointUnreadableError, StepNotFoundError):
-                    raise
-                what = "deleted" if raised_only(exc, StepNotFoundError) else "damaged"
-                warnings.warn(
-                    f"statekeeper: skipping {what} step {parsed.step}: {exc}",
-                    StatekeeperWarning,
-                    stacklevel=user_stacklevel(),
-                )
-                continue
+        tiers = [self.storage, *([] if self._uploader is None else [self._uploader.remote])]
+        info = newest_intact(
+            tiers, full, strict=strict, scope=self._scope, change=on_optimizer_change
+        )
+        if info is not None:
             if isinstance(state, MutableMapping):  # plain values, as load assigns them
                 state.update(info.values)
             self._resumed_from = info.step
@@ -242,6 +238,7 @@ class Checkpointer:
         writer: AsyncWriter | None,
     ) -> CheckpointInfo | PendingSave:
         self._check_open()
+        self._warn_uploads()
         full = self._with_rng(state)
         if is_distributed(self._scope, full) and not self._distributed:
             writer = None  # made before the process group: its writer is a local one
@@ -264,33 +261,47 @@ class Checkpointer:
         self._retention(info)
 
     def _retention(self, info: CheckpointInfo) -> None:
+        if self._uploader is not None:
+            self._uploader.submit(info.step)  # before retention: a waiting step is kept
         if self._leader:  # in a job, rank 0 applies retention for everyone
             self._retain(info.step)
 
     def wait(self) -> CheckpointInfo | None:
-        """Wait for a background save; raise its error if it failed (no-op when synchronous)."""
-        return None if self._writer is None else self._writer.wait()
+        """Wait for a background save, then for the uploads to the mirror; raise the save's
+        error, then ``MirrorError`` for uploads that failed (no-op when there is neither)."""
+        info = None if self._writer is None else self._writer.wait()
+        if self._uploader is not None:
+            self._uploader.wait()
+        return info
+
+    def mirror_status(self) -> MirrorStatus | None:
+        """Where the uploads to the mirror stand (None without a mirror)."""
+        return None if self._uploader is None else self._uploader.status()
+
+    def _warn_uploads(self) -> None:
+        for step, exc in [] if self._uploader is None else self._uploader.new_failures():
+            warnings.warn(
+                f"statekeeper: uploading step {step} to the mirror failed ({exc}); it is intact "
+                "locally, later steps upload as usual, and wait()/close() raise it",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
 
     def _retain(self, newest: int) -> None:
         if self.keep is None:
             return
-        infos = list_checkpoints(self.storage)
-        readable = [i for i in infos if i.error is None]
-        keep = self.keep.keep(readable) | {newest, max(i.step for i in infos)}
-        if self._resumed_from is not None:
-            keep.add(self._resumed_from)
-        for info in readable:  # a step whose manifest cannot be read is never deleted
-            if info.step not in keep:
-                self.storage.remove(
-                    next(p.name for p in committed(self.storage) if p.step == info.step)
-                )
+        protect = {newest, *([] if self._resumed_from is None else [self._resumed_from])}
+        if self._uploader is not None:
+            protect |= self._uploader.pending()
+        apply_retention(self.storage, self.keep, protect)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StatekeeperError("this Checkpointer is closed; create a new one")
 
     def close(self) -> None:
-        """Finish a background save (raising its error), then release the writer lock."""
+        """Finish a background save and the uploads to the mirror (raising their errors),
+        then release the writer lock."""
         if self._closed:
             return
         self._closed = True
@@ -298,9 +309,16 @@ class Checkpointer:
             if self._writer is not None:
                 self._writer.close()  # waits, and stops the writer's thread
         finally:
-            if self._watch is not None:
-                self._watch.close()  # the handlers installed before come back
-            self._stack.close()
+            try:
+                if self._uploader is not None:
+                    self._uploader.wait()  # every upload ends (its failures are raised)
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        if self._watch is not None:
+            self._watch.close()  # the handlers installed before come back
+        self._stack.close()
 
     def __enter__(self) -> Checkpointer:
         return self

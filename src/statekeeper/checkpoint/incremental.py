@@ -243,21 +243,27 @@ class Reuser:
     ) -> FileRecord | None:
         """Reuse a file of the previous step as the shard ``name``; its record, or None
         when the shard must be written."""
-        candidates = list(self._candidates(name, shard.size))
-        if not candidates or self._previous is None or self._reuse is None:
+        if not any(self._candidates(name, shard.size)):
             return None
         digest = self._known_checksum(name, tuple(tensors), shard.size)
         if digest is None:
             digest = shard_checksum(tensors, shard)
         else:
             self.skipped += 1
+        return self.reuse_known(name, FileRecord(shard.size, digest))
+
+    def reuse_known(self, name: str, record: FileRecord) -> FileRecord | None:
+        """Reuse a file of the previous step whose size and checksum are ``record``'s as
+        the file ``name``; ``record``, or None when it must be written."""
+        if self._previous is None or self._reuse is None:
+            return None
         entry = self._previous.entry
-        for source in candidates:
-            record = self._previous.files[source]
-            if record.checksum != digest or not self._intact(entry, source, record):
+        for source in self._candidates(name, record.size):
+            found = self._previous.files[source]
+            if found.checksum != record.checksum or not self._intact(entry, source, found):
                 continue
             if not self._reuse(name, entry, source):
                 return None  # the storage cannot here: write it
             self.reused[name] = f"{entry}/{source}"
-            return FileRecord(shard.size, digest)
+            return record
         return None

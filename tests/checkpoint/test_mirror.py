@@ -1,0 +1,285 @@
+"""A local tier mirrored to object storage (moto's S3 server on localhost, through s3fs)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.helpers import launcher
+from tests.helpers.s3 import S3Server
+
+import statekeeper as sk
+from statekeeper.checkpoint import mirror as mirror_module
+from statekeeper.storage import fsspec as fsspec_storage
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[S3Server]:
+    started = S3Server()
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def remote(server: S3Server) -> sk.FsspecStorage:
+    return sk.FsspecStorage(f"s3://{server.new_bucket()}/run", **server.options)
+
+
+def lora() -> tuple[dict[str, Any], torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    base = torch.nn.Linear(128, 128)
+    base.requires_grad_(False)
+    adapter = torch.nn.Linear(128, 4)
+    opt = torch.optim.Adam(adapter.parameters(), lr=0.01)
+    model = torch.nn.ModuleDict({"base": base, "adapter": adapter})
+    return {"model": model, "optim": opt}, adapter, opt
+
+
+def train(adapter: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    adapter(torch.randn(2, 128)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def steps(storage: Any) -> list[int]:
+    return [i.step for i in sk.list_checkpoints(storage)]
+
+
+def test_every_committed_step_reaches_the_mirror_byte_for_byte(
+    tmp_path: Path, remote: sk.FsspecStorage
+) -> None:
+    state, adapter, opt = lora()
+    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
+        for step in (1, 2, 3):
+            train(adapter, opt)
+            ckpt.save(step, state)
+        ckpt.wait()
+        status = ckpt.mirror_status()
+    assert status is not None and status.uploaded == 3 and status.failed == {}
+    assert steps(remote) == [1, 2, 3]
+    assert sk.verify(remote).ok
+    for step in (1, 2, 3):
+        entry = f"step_{step:09d}"
+        local = (tmp_path / entry / "manifest.json").read_bytes()
+        assert remote.read(entry, "manifest.json") == local  # the same manifest, same bytes
+    got = sk.read(remote)
+    assert torch.equal(got["model"]["adapter.weight"], adapter.weight)
+
+
+def test_each_tier_keeps_its_own_steps_and_waiting_steps_stay_local(
+    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    real = mirror_module.Uploader._upload
+
+    def held(self: Any, step: int) -> None:
+        release.wait(timeout=120)  # a hang guard only: the test sets it
+        real(self, step)
+
+    monkeypatch.setattr(mirror_module.Uploader, "_upload", held)
+    state, adapter, opt = lora()
+    mirror = sk.Mirror(remote, keep=sk.KeepEvery(2))
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), mirror=mirror) as ckpt:
+        for step in (1, 2, 3, 4, 5):
+            train(adapter, opt)
+            ckpt.save(step, state)
+        assert steps(tmp_path) == [1, 2, 3, 4, 5]  # none uploaded yet: none deleted
+        release.set()
+        ckpt.wait()
+        train(adapter, opt)
+        ckpt.save(6, state)  # retention runs again now that nothing waits
+        ckpt.wait()
+    assert steps(tmp_path) == [6]
+    assert steps(remote) == [2, 4, 6]  # KeepEvery(2) on the mirror, the newest always
+
+
+def test_a_failed_upload_is_reported_and_the_run_goes_on(
+    tmp_path: Path, server: S3Server, remote: sk.FsspecStorage
+) -> None:
+    remote.fs.retries = 1
+    state, adapter, opt = lora()
+    mirror = sk.Mirror(remote, retries=3, backoff=0.0)  # retries: stale connections after a restart
+    ckpt = sk.Checkpointer(tmp_path, mirror=mirror)
+    try:
+        train(adapter, opt)
+        ckpt.save(1, state)
+        ckpt.wait()
+        server.stop()
+        try:
+            train(adapter, opt)
+            ckpt.save(2, state)  # committed locally at once; its upload fails
+            with pytest.raises(sk.MirrorError, match="step 2") as caught:
+                ckpt.wait()
+            assert caught.value.steps == (2,)
+            status = ckpt.mirror_status()
+            assert status is not None and list(status.failed) == [2]
+        finally:
+            server.start()
+        train(adapter, opt)
+        with pytest.warns(sk.StatekeeperWarning, match="uploading step 2 to the mirror failed"):
+            ckpt.save(3, state)
+        ckpt.wait()  # reported once: step 3 uploaded, nothing more to raise
+    finally:
+        ckpt.close()
+    assert steps(tmp_path) == [1, 2, 3]
+    assert steps(remote) == [1, 3]  # never a step 2 that is not whole
+    assert sk.list_partial(remote) == [] or all(p.step == 2 for p in sk.list_partial(remote))
+
+
+def test_a_transfer_that_fails_once_is_retried(
+    tmp_path: Path, server: S3Server, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    remote.fs.retries = 1
+    failures: list[str] = []
+    real = fsspec_storage._FsspecFiles.write_chunks
+
+    def flaky(self: Any, name: str, chunks: Any) -> None:
+        if not failures:
+            failures.append(name)
+            server.stop()  # the first transfer meets no server
+            try:
+                real(self, name, chunks)
+            finally:
+                server.start()  # back for the retry
+            return
+        real(self, name, chunks)
+
+    monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", flaky)
+    state, adapter, opt = lora()
+    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, backoff=0.0)) as ckpt:
+        train(adapter, opt)
+        ckpt.save(1, state)
+        ckpt.wait()
+    assert len(failures) == 1
+    assert steps(remote) == [1] and sk.verify(remote).ok
+
+
+def test_resume_from_the_mirror_when_the_local_tier_is_gone_or_damaged(
+    tmp_path: Path, remote: sk.FsspecStorage
+) -> None:
+    state, adapter, opt = lora()
+    with sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt:
+        for step in (1, 2):
+            train(adapter, opt)
+            ckpt.save(step, state)
+    saved = {k: v.clone() for k, v in state["model"].state_dict().items()}
+    fresh, _, _ = lora()
+    with sk.Checkpointer(tmp_path / "node-b", mirror=sk.Mirror(remote)) as ckpt:
+        assert ckpt.restore_latest(fresh) == 2  # a new node: downloaded from the mirror
+    for key, value in fresh["model"].state_dict().items():
+        assert torch.equal(value, saved[key]), key
+    shard = tmp_path / "node-a" / "step_000000002" / "tensors-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    again, _, _ = lora()
+    with (
+        sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt,
+        pytest.warns(sk.StatekeeperWarning, match="damaged step 2"),
+    ):
+        assert ckpt.restore_latest(again) == 2  # the mirror's intact copy of the same step
+    for key, value in again["model"].state_dict().items():
+        assert torch.equal(value, saved[key]), key
+
+
+def test_a_damaged_local_file_is_never_uploaded_as_good(
+    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, adapter, opt = lora()
+    real = mirror_module.Uploader._upload
+
+    def damage_first(self: Any, step: int) -> None:
+        shard = tmp_path / f"step_{step:09d}" / "tensors-00001.safetensors"
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF  # bit rot between the local commit and the upload
+        shard.write_bytes(bytes(data))
+        real(self, step)
+
+    monkeypatch.setattr(mirror_module.Uploader, "_upload", damage_first)
+    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, backoff=0.0)) as ckpt:
+        train(adapter, opt)
+        ckpt.save(1, state)
+        with pytest.raises(sk.MirrorError) as caught:
+            ckpt.wait()
+    assert isinstance(caught.value.__cause__, sk.CorruptCheckpointError)
+    assert steps(remote) == []
+
+
+def test_unchanged_files_are_copied_by_the_store_on_the_mirror_too(
+    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uploaded: list[str] = []
+    real = fsspec_storage._FsspecFiles.write_chunks
+
+    def counted(self: Any, name: str, chunks: Any) -> None:
+        uploaded.append(f"{self.entry.split('.')[0]}/{name}")
+        real(self, name, chunks)
+
+    monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", counted)
+    state, adapter, opt = lora()
+    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
+        for step in (1, 2):
+            train(adapter, opt)
+            ckpt.save(step, state)
+        ckpt.wait()
+    assert "step_000000001/tensors-00000.safetensors" in uploaded
+    assert "step_000000002/tensors-00000.safetensors" not in uploaded  # the frozen shard
+    assert sk.verify(remote).ok
+
+
+def test_a_killed_upload_leaves_no_step_on_the_mirror_that_is_not_whole(
+    tmp_path: Path, server: S3Server, remote: sk.FsspecStorage
+) -> None:
+    child = launcher.Popen(
+        [sys.executable, "-m", "tests.helpers.mirror_saver", str(tmp_path), server.endpoint,
+         remote.url],
+        cwd=launcher.ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "mid-upload"
+    child.kill()
+    child.wait()
+    assert steps(tmp_path) == [1, 2]  # both committed locally
+    assert steps(remote) == [1]  # step 2's upload was cut: not committed there
+    state = {"w": torch.zeros(300_000), "b": torch.zeros(1000)}
+    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
+        assert ckpt.restore_latest(state) == 2  # the newest intact step: local
+        ckpt.save(3, state)
+        ckpt.wait()
+    assert steps(remote) == [1, 3]
+    assert sk.verify(remote).ok
+
+
+def test_mirror_arguments_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(sk.InvalidArgumentError, match="retention policy"):
+        sk.Mirror("memory://m", keep=3)  # type: ignore[arg-type]
+    with pytest.raises(sk.InvalidArgumentError, match="concurrency"):
+        sk.Mirror("memory://m", concurrency=0)
+    with pytest.raises(sk.InvalidArgumentError, match="backoff"):
+        sk.Mirror("memory://m", backoff=-1)
+    with pytest.raises(sk.InvalidArgumentError, match="statekeeper.Mirror"):
+        sk.Checkpointer(tmp_path, mirror="s3://b/run")  # type: ignore[arg-type]
+
+
+def test_a_mirror_on_another_local_disk_works_the_same(tmp_path: Path) -> None:
+    state, adapter, opt = lora()
+    with sk.Checkpointer(tmp_path / "fast", mirror=sk.Mirror(tmp_path / "slow")) as ckpt:
+        for step in (1, 2):
+            train(adapter, opt)
+            ckpt.save(step, state)
+    assert steps(tmp_path / "slow") == [1, 2]
+    assert sk.verify(tmp_path / "slow").ok
+    shutil.rmtree(tmp_path / "fast")
+    fresh, _, _ = lora()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with sk.Checkpointer(tmp_path / "fast", mirror=sk.Mirror(tmp_path / "slow")) as ckpt:
+            assert ckpt.restore_latest(fresh) == 2

@@ -265,7 +265,7 @@ def test_mirror_arguments_are_checked(tmp_path: Path) -> None:
         sk.Mirror("memory://m", concurrency=0)
     with pytest.raises(sk.InvalidArgumentError, match="backoff"):
         sk.Mirror("memory://m", backoff=-1)
-    with pytest.raises(sk.InvalidArgumentError, match="statekeeper.Mirror"):
+    with pytest.raises(sk.InvalidArgumentError, match=r"statekeeper\.Mirror"):
         sk.Checkpointer(tmp_path, mirror="s3://b/run")  # type: ignore[arg-type]
 
 

@@ -99,3 +99,27 @@ def test_ls_json_stays_strict_with_non_finite_metrics(invoke: Invoke, tmp_path: 
     (step,) = json.loads(result.stdout)["checkpoints"]
     assert step["metrics"] == {"loss": "inf"}
     assert "loss=inf" in invoke("ls", tmp_path).stdout
+
+
+def test_ls_with_the_mirror_shows_which_tiers_hold_each_step(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    import uuid
+
+    import torch
+
+    import statekeeper as sk
+
+    mirror = f"memory://mirror-{uuid.uuid4().hex}"
+    x = {"x": torch.zeros(8)}
+    with sk.Checkpointer(tmp_path / "run", keep=sk.KeepLatest(1), mirror=sk.Mirror(mirror)) as c:
+        for step in (1, 2, 3):
+            x["x"] += 1
+            c.save(step, x)
+            c.wait()  # each upload before the next save: local retention then removes it
+    result = invoke("ls", tmp_path / "run", "--mirror", mirror, "--json")
+    assert result.exit_code == 0, result.output
+    rows = {c["step"]: c["tiers"] for c in json.loads(result.stdout)["checkpoints"]}
+    assert rows == {1: ["mirror"], 2: ["mirror"], 3: ["local", "mirror"]}
+    table = invoke("ls", tmp_path / "run", "--mirror", mirror).stdout
+    assert "tiers" in table and "local+mirror" in table

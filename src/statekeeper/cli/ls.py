@@ -34,11 +34,20 @@ def _info_json(info: CheckpointInfo) -> dict[str, Any]:
 
 
 def listing_json(
-    directory: str, infos: list[CheckpointInfo], partial: list[ParsedEntry]
+    directory: str,
+    infos: list[CheckpointInfo],
+    partial: list[ParsedEntry],
+    tiers: dict[int, list[str]] | None = None,
 ) -> dict[str, Any]:
+    def row(info: CheckpointInfo) -> dict[str, Any]:
+        out = _info_json(info)
+        if tiers is not None:
+            out["tiers"] = tiers.get(info.step, [])
+        return out
+
     return {
         "directory": directory,
-        "checkpoints": [_info_json(info) for info in infos],
+        "checkpoints": [row(info) for info in infos],
         "partial": [{"name": p.name, "step": p.step, "kind": str(p.kind)} for p in partial],
     }
 
@@ -46,13 +55,19 @@ def listing_json(
 @click.command("ls")
 @click.argument("target", metavar="DIR|URL")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ls(target: str, as_json: bool) -> None:
+@click.option(
+    "--mirror",
+    metavar="URL",
+    help="The run's mirror tier (Checkpointer(mirror=...)): show which tiers hold each step.",
+)
+def ls(target: str, as_json: bool, mirror: str | None) -> None:
     """List the checkpoints of the run directory DIR (or the files of a foreign checkpoint).
 
     DIR may be an fsspec URL (s3://bucket/run, memory://run).
 
-    Shows every committed step (size, files, metrics; damaged manifests flagged) and every
-    partial directory left by an interrupted save, which statekeeper never reads.
+    Shows every committed step (size, what its save wrote, files, metrics; damaged manifests
+    flagged) and every partial directory left by an interrupted save, which statekeeper
+    never reads. With --mirror, the steps of both tiers and where each one is.
     """
     with render.reported_errors():
         foreign = foreign_format(target)
@@ -71,7 +86,7 @@ def ls(target: str, as_json: bool) -> None:
     if is_url(target):
         with render.reported_errors():
             infos, partial = list_checkpoints(target), list_partial(target)
-        _show(target, infos, partial, as_json)
+        _show(target, *_tiers(infos, mirror), partial, as_json)
         return
     directory = Path(target)
     with render.reported_errors():
@@ -87,13 +102,38 @@ def ls(target: str, as_json: bool) -> None:
             )
         infos = list_checkpoints(directory)
         partial = list_partial(directory)
-    _show(str(directory), infos, partial, as_json)
+    _show(str(directory), *_tiers(infos, mirror), partial, as_json)
+
+
+Tiers = dict[int, list[str]]
+
+
+def _tiers(
+    infos: list[CheckpointInfo], mirror: str | None
+) -> tuple[list[CheckpointInfo], Tiers | None]:
+    """With a mirror: the steps of the local tier and the mirror's (a step on both listed
+    once, from the local tier), and which tiers hold each intact step."""
+    if mirror is None:
+        return infos, None
+    tiers: Tiers = {i.step: ["local"] for i in infos if i.error is None}
+    with render.reported_errors():
+        remote = list_checkpoints(mirror)
+    merged = {i.step: i for i in infos}
+    for info in remote:
+        if info.error is None:
+            tiers.setdefault(info.step, []).append("mirror")
+        merged.setdefault(info.step, info)
+    return [merged[s] for s in sorted(merged)], tiers
 
 
 def _show(
-    where: str, infos: list[CheckpointInfo], partial: list[ParsedEntry], as_json: bool
+    where: str,
+    infos: list[CheckpointInfo],
+    tiers: Tiers | None,
+    partial: list[ParsedEntry],
+    as_json: bool,
 ) -> None:
     if as_json:
-        render.emit_json(listing_json(where, infos, partial))
+        render.emit_json(listing_json(where, infos, partial, tiers))
     else:
-        render.listing(where, infos, partial)
+        render.listing(where, infos, partial, tiers)

@@ -120,7 +120,12 @@ def _created(created: datetime | None) -> str:
     return created.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if created else "unknown"
 
 
-def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEntry]) -> None:
+def listing(
+    directory: str,
+    infos: list[CheckpointInfo],
+    partial: list[ParsedEntry],
+    tiers: dict[int, list[str]] | None = None,
+) -> None:
     console = stdout_console()
     if not infos and not partial:
         console.print(Text(f"{directory}: no checkpoints"), soft_wrap=True)
@@ -132,11 +137,17 @@ def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEnt
     table.add_column("written", justify="right")
     table.add_column("files", justify="right")
     table.add_column("metrics", overflow="fold")
+    if tiers is not None:
+        table.add_column("tiers")
     table.add_column("status", overflow="fold")
+
+    def where(step: int) -> tuple[str, ...]:
+        return () if tiers is None else ("+".join(tiers.get(step, [])) or "-",)
+
     for info in infos:
         if info.error is not None:
             status = Text(f"damaged: {info.error}", style="red")
-            table.add_row(str(info.step), "-", "-", "-", "-", "", status)
+            table.add_row(str(info.step), "-", "-", "-", "-", "", *where(info.step), status)
             continue
         table.add_row(
             str(info.step),
@@ -145,11 +156,12 @@ def listing(directory: str, infos: list[CheckpointInfo], partial: list[ParsedEnt
             human_bytes(info.written) if info.reused_files else "all",
             str(info.files),
             metrics_text(info.metrics),
+            *where(info.step),
             Text("ok", style="green"),
         )
     for entry in partial:
         note = Text(f"{PARTIAL_NOTE}: {entry.name}", style="yellow")
-        table.add_row(str(entry.step), "-", "-", "-", "-", "", note)
+        table.add_row(str(entry.step), "-", "-", "-", "-", "", *where(-1), note)
     console.print(table)
     damaged = sum(1 for i in infos if i.error is not None)
     summary = f"{len(infos)} committed step(s)"

@@ -28,7 +28,10 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -205,6 +208,93 @@ def report(result: dict[str, Any]) -> None:
     )
 
 
+def _moto(port: int) -> subprocess.Popen[bytes]:
+    """moto's S3 server in a process of its own on 127.0.0.1 (not this process's GIL)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(200):
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        time.sleep(0.05)
+    server.kill()
+    raise SystemExit("moto's server did not start")
+
+
+def mirror_rows(args: argparse.Namespace) -> dict[str, Any]:
+    """The caller's stall per save: local alone, local with a mirror on S3 (moto's server),
+    and straight to S3, the same state, rounds rotated; all incremental."""
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = _moto(port)
+    endpoint = f"http://127.0.0.1:{port}"
+    options = {
+        "key": "bench",
+        "secret": "bench",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+    root = Path(tempfile.mkdtemp(prefix="mirror-", dir=args.dir))
+    try:
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="bench", aws_secret_access_key="bench",
+        )  # fmt: skip
+        for bucket in ("mirror", "direct"):
+            client.create_bucket(Bucket=bucket)
+        model, opt = build(args.mirror_base_mib, args.adapter_mib)
+        state = {"model": model, "optim": opt}
+        keep = sk.KeepLatest(2)
+        mirror = sk.Mirror(sk.FsspecStorage("s3://mirror/run", **options), keep=keep)
+        ckpts = {
+            "local": sk.Checkpointer(root / "local", keep=keep),
+            "local + mirror": sk.Checkpointer(root / "tiered", keep=keep, mirror=mirror),
+            "direct to S3": sk.Checkpointer(
+                sk.FsspecStorage("s3://direct/run", **options), keep=keep
+            ),
+        }
+        times: dict[str, list[float]] = {n: [] for n in ckpts}
+        names = list(ckpts)
+        for step in range(1, args.saves + 1):
+            train(model, opt)
+            k = step % len(names)
+            for name in names[k:] + names[:k]:
+                ckpts["local + mirror"].wait()  # its last upload is done: a quiet start
+                os.sync()
+                start = time.perf_counter()
+                ckpts[name].save(step, state)
+                times[name].append(time.perf_counter() - start)
+        for ckpt in ckpts.values():
+            ckpt.close()
+        return {"times": times, "base_mib": args.mirror_base_mib}
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def report_mirror(result: dict[str, Any]) -> None:
+    times = result["times"]
+    print(
+        f"\nmirrored saves ({result['base_mib']} MiB frozen base), caller's stall per save, "
+        "saves 2..n, median (min-max):"
+    )
+    for name, series in times.items():
+        later = series[1:]
+        print(f"  {name:<16} {statistics.median(later):.3f}s ({min(later):.3f}-{max(later):.3f})")
+    local = statistics.median(times["local"][1:])
+    tiered = statistics.median(times["local + mirror"][1:])
+    direct = statistics.median(times["direct to S3"][1:])
+    print(
+        f"  local + mirror: {tiered / local:.2f}x the local save alone (target <= 1.1x); "
+        f"direct to S3: {direct / local:.2f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--base-mib", type=int, default=1024, help="frozen float32 weights")
@@ -212,14 +302,22 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=10)
     parser.add_argument("--dir", default=".", help="where the saves go (a real disk)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--rows", choices=("all", "saves", "mirror"), default="all")
+    parser.add_argument(
+        "--mirror-base-mib", type=int, default=256, help="the frozen base of the mirror rows"
+    )
     args = parser.parse_args()
     if args.saves < 2:
         parser.error("--saves must be at least 2")
-    result = run(args)
+    result = run(args) if args.rows != "mirror" else None
+    mirrored = mirror_rows(args) if args.rows != "saves" else None
     if args.json:
-        print(json.dumps(result))
-    else:
+        print(json.dumps({"saves": result, "mirror": mirrored}))
+        return
+    if result is not None:
         report(result)
+    if mirrored is not None:
+        report_mirror(mirrored)
 
 
 if __name__ == "__main__":

@@ -261,10 +261,10 @@ class Checkpointer:
         self._retention(info)
 
     def _retention(self, info: CheckpointInfo) -> None:
-        if self._uploader is not None:
-            self._uploader.submit(info.step)  # before retention: a waiting step is kept
         if self._leader:  # in a job, rank 0 applies retention for everyone
-            self._retain(info.step)
+            self._retain(info.step)  # keeps the new step (the newest) and those waiting
+        if self._uploader is not None:
+            self._uploader.submit(info.step)  # last: the upload starts as the save returns
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background save, then for the uploads to the mirror; raise the save's

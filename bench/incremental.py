@@ -43,6 +43,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
 import statekeeper as sk
+from bench.io import fsync_dir, fsync_file
 
 MIB = 1 << 20
 LAYERS = 16
@@ -75,14 +76,6 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
     model(torch.randn(2, width)).square().mean().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _size(path: Path) -> int:
@@ -123,7 +116,7 @@ def contenders(
         def save(step: int) -> int:
             path = folder / f"step-{step}"
             write(path)
-            _fsync(folder)
+            fsync_dir(folder)
             for old in folder.glob("step-*"):  # keep the last two, as the Checkpointers do
                 if int(old.name.split("-")[1]) < step - 1:
                     shutil.rmtree(old) if old.is_dir() else old.unlink()
@@ -133,7 +126,7 @@ def contenders(
 
     def safetensors_save(path: Path) -> None:
         save_file(_flat_tensors(model, opt), str(path))
-        _fsync(path)
+        fsync_file(path)
 
     def torch_save(path: Path) -> None:
         with open(path, "wb") as f:
@@ -143,7 +136,7 @@ def contenders(
 
     def dcp_save(path: Path) -> None:
         dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=path)
-        _fsync(path)
+        fsync_file(path)
 
     return {
         "sk incremental": sk_save(incremental),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from tests.helpers import launcher
+from tests.helpers.s3 import S3Server
 
 LAUNCHING_LIBRARY_MODULES = ("statekeeper.testing", "statekeeper.doctor.rules.registration_order")
 """Library modules that start Python children with ``subprocess``: in the tests, their
@@ -34,6 +36,35 @@ def _forked_children(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
             continue
         if hasattr(module, "subprocess"):
             monkeypatch.setattr(module, "subprocess", launcher.subprocess)
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    """An S3-compatible server on localhost (moto's, through s3fs), one per test module."""
+    started = S3Server()
+    yield started
+    started.stop()
+
+
+def lora_state(
+    seed: int = 0, width: int = 256
+) -> tuple[dict[str, Any], torch.nn.Module, torch.optim.Optimizer]:
+    """A frozen ``base`` (its own shards) and a trainable ``adapter`` with Adam: the state,
+    the adapter, the optimizer."""
+    torch.manual_seed(seed)
+    base = torch.nn.Linear(width, width)
+    base.requires_grad_(False)
+    adapter = torch.nn.Linear(width, 4)
+    model = torch.nn.ModuleDict({"base": base, "adapter": adapter})
+    opt = torch.optim.Adam(adapter.parameters(), lr=0.01)
+    return {"model": model, "optim": opt}, adapter, opt
+
+
+def lora_step(adapter: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """One training step of the adapter."""
+    adapter(torch.randn(2, adapter.in_features)).sum().backward()
+    opt.step()
+    opt.zero_grad()
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:

@@ -10,26 +10,11 @@ from typing import Any
 
 import pytest
 import torch
+from tests.conftest import lora_state, lora_step
 
 import statekeeper as sk
 from statekeeper.checkpoint import incremental
 from statekeeper.storage import files as storage_files
-
-
-def lora_state(seed: int = 0) -> tuple[dict[str, Any], torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    base = torch.nn.Linear(256, 256)
-    base.requires_grad_(False)  # frozen: shards of its own
-    adapter = torch.nn.Linear(256, 4)
-    model = torch.nn.ModuleDict({"base": base, "adapter": adapter})
-    opt = torch.optim.Adam(adapter.parameters(), lr=0.01)
-    return {"model": model, "optim": opt}, adapter, opt
-
-
-def train(adapter: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    adapter(torch.randn(2, 256)).sum().backward()
-    opt.step()
-    opt.zero_grad()
 
 
 def manifest(run: Path, step: int) -> dict[str, Any]:
@@ -47,7 +32,7 @@ def test_an_unchanged_frozen_shard_is_linked_and_every_step_stays_whole(tmp_path
     infos = []
     with sk.Checkpointer(tmp_path) as ckpt:
         for step in (1, 2, 3):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             infos.append(ckpt.save(step, state))
     first, second, third = infos
     assert first.written == first.bytes and first.reused_files == 0
@@ -69,7 +54,7 @@ def test_an_unchanged_frozen_shard_is_linked_and_every_step_stays_whole(tmp_path
     shutil_rmtree(tmp_path / "step_000000002")
     assert sk.verify(tmp_path).ok  # deleting the steps it reused from damages nothing
     fresh, fresh_adapter, fresh_opt = lora_state(seed=5)
-    train(fresh_adapter, fresh_opt)
+    lora_step(fresh_adapter, fresh_opt)
     sk.load(tmp_path, fresh | {"rng": sk.RNGState()})
     for a, b in zip(
         fresh["model"].state_dict().values(), state["model"].state_dict().values(), strict=True
@@ -87,7 +72,7 @@ def test_retention_deletes_steps_without_touching_the_files_others_share(tmp_pat
     state, adapter, opt = lora_state()
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1)) as ckpt:
         for step in range(1, 5):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
     assert [i.step for i in sk.list_checkpoints(tmp_path)] == [4]
     assert sk.verify(tmp_path).ok
@@ -101,7 +86,7 @@ def test_a_damaged_previous_file_is_not_reused_but_written_anew(tmp_path: Path) 
     data = bytearray(frozen.read_bytes())
     data[-1] ^= 0xFF  # bit rot in step 1's copy
     frozen.write_bytes(bytes(data))
-    train(adapter, opt)
+    lora_step(adapter, opt)
     info = sk.save(tmp_path, state, step=2)
     assert info.reused_files == 0 and info.written == info.bytes
     assert "reused" not in manifest(tmp_path, 2)
@@ -121,13 +106,13 @@ def test_a_file_checked_once_is_trusted_while_it_is_unchanged(tmp_path: Path) ->
 
     storage.read = read  # type: ignore[method-assign]
     for step in (1, 2, 3):
-        train(adapter, opt)
+        lora_step(adapter, opt)
         sk.save(storage, state, step=step)
     tensor_reads = [r for r in reads if r.endswith(".safetensors")]
     assert tensor_reads == []  # written by this process: its bytes are those it hashed
     incremental._checked.clear()  # a new process: the file is read once, then trusted
     for step in (4, 5):
-        train(adapter, opt)
+        lora_step(adapter, opt)
         sk.save(storage, state, step=step)
     assert [r for r in reads if r.endswith(".safetensors")] == [
         "step_000000003/tensors-00000.safetensors"
@@ -138,7 +123,7 @@ def test_write_all_writes_every_file(tmp_path: Path) -> None:
     state, adapter, opt = lora_state()
     with sk.Checkpointer(tmp_path, incremental=sk.Incremental.WRITE_ALL) as ckpt:
         for step in (1, 2):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             info = ckpt.save(step, state)
     assert isinstance(info, sk.CheckpointInfo)
     assert info.reused_files == 0 and info.written == info.bytes
@@ -150,7 +135,7 @@ def test_background_saves_reuse_too(tmp_path: Path) -> None:
     state, adapter, opt = lora_state()
     with sk.Checkpointer(tmp_path, async_save=True) as ckpt:
         for step in (1, 2, 3):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
         info = ckpt.wait()
     assert info is not None and info.reused_files == 1
@@ -166,7 +151,7 @@ def test_without_hard_links_the_file_is_written(
     state, adapter, opt = lora_state()
     sk.save(tmp_path, state, step=1)
     monkeypatch.setattr(storage_files.os, "link", no_links)
-    train(adapter, opt)
+    lora_step(adapter, opt)
     info = sk.save(tmp_path, state, step=2)
     assert info.reused_files == 0 and info.written == info.bytes
     assert sk.verify(tmp_path).ok
@@ -196,7 +181,7 @@ def test_other_storages_reuse_through_their_own_copy(kind: str, tmp_path: Path) 
     )
     state, adapter, opt = lora_state()
     for step in (1, 2):
-        train(adapter, opt)
+        lora_step(adapter, opt)
         info = sk.save(storage, state, step=step)
     assert info.reused_files == 1
     assert sk.verify(storage).ok
@@ -209,7 +194,7 @@ def test_a_manifest_that_marks_an_unknown_file_reused_is_corrupt(tmp_path: Path)
 
     state, adapter, opt = lora_state()
     sk.save(tmp_path, state, step=1)
-    train(adapter, opt)
+    lora_step(adapter, opt)
     sk.save(tmp_path, state, step=2)
     data = (tmp_path / "step_000000002" / "manifest.json").read_bytes()
     parsed = Manifest.from_bytes("m", data)
@@ -238,7 +223,7 @@ def test_a_frozen_shard_whose_tensors_did_not_move_is_not_checksummed_again(
     state, adapter, opt = lora_state()
     with sk.Checkpointer(tmp_path, async_save=True) as ckpt:  # marks taken in the caller
         for step in (1, 2, 3, 4):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
         ckpt.wait()
     frozen = [c for c in calls if "model/base.weight" in c]
@@ -255,7 +240,7 @@ def test_a_frozen_tensor_that_changed_is_written_however_it_changed(
     base = state["model"].base
     with sk.Checkpointer(tmp_path) as ckpt:
         for step in (1, 2):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
         with torch.no_grad():
             if how == "in place":
@@ -264,7 +249,7 @@ def test_a_frozen_tensor_that_changed_is_written_however_it_changed(
                 base.weight.data.copy_(torch.randn_like(base.weight))
             else:
                 base.weight = torch.nn.Parameter(base.weight + 1.0, requires_grad=False)
-        train(adapter, opt)
+        lora_step(adapter, opt)
         info = ckpt.save(3, state)
     assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 0
     saved = sk.read(tmp_path)["model"]["base.weight"]

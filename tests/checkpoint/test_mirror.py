@@ -7,12 +7,12 @@ import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tests.conftest import lora_state, lora_step
 from tests.helpers import launcher
 from tests.helpers.s3 import S3Server
 
@@ -21,32 +21,9 @@ from statekeeper.checkpoint import mirror as mirror_module
 from statekeeper.storage import fsspec as fsspec_storage
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    started = S3Server()
-    yield started
-    started.stop()
-
-
 @pytest.fixture
-def remote(server: S3Server) -> sk.FsspecStorage:
-    return sk.FsspecStorage(f"s3://{server.new_bucket()}/run", **server.options)
-
-
-def lora() -> tuple[dict[str, Any], torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    base = torch.nn.Linear(128, 128)
-    base.requires_grad_(False)
-    adapter = torch.nn.Linear(128, 4)
-    opt = torch.optim.Adam(adapter.parameters(), lr=0.01)
-    model = torch.nn.ModuleDict({"base": base, "adapter": adapter})
-    return {"model": model, "optim": opt}, adapter, opt
-
-
-def train(adapter: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    adapter(torch.randn(2, 128)).sum().backward()
-    opt.step()
-    opt.zero_grad()
+def remote(s3_server: S3Server) -> sk.FsspecStorage:
+    return sk.FsspecStorage(f"s3://{s3_server.new_bucket()}/run", **s3_server.options)
 
 
 def steps(storage: Any) -> list[int]:
@@ -56,10 +33,10 @@ def steps(storage: Any) -> list[int]:
 def test_every_committed_step_reaches_the_mirror_byte_for_byte(
     tmp_path: Path, remote: sk.FsspecStorage
 ) -> None:
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
         for step in (1, 2, 3):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
         ckpt.wait()
         status = ckpt.mirror_status()
@@ -85,16 +62,16 @@ def test_each_tier_keeps_its_own_steps_and_waiting_steps_stay_local(
         real(self, step)
 
     monkeypatch.setattr(mirror_module.Uploader, "_upload", held)
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     mirror = sk.Mirror(remote, keep=sk.KeepEvery(2))
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), mirror=mirror) as ckpt:
         for step in (1, 2, 3, 4, 5):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
         assert steps(tmp_path) == [1, 2, 3, 4, 5]  # none uploaded yet: none deleted
         release.set()
         ckpt.wait()
-        train(adapter, opt)
+        lora_step(adapter, opt)
         ckpt.save(6, state)  # retention runs again now that nothing waits
         ckpt.wait()
     assert steps(tmp_path) == [6]
@@ -102,19 +79,19 @@ def test_each_tier_keeps_its_own_steps_and_waiting_steps_stay_local(
 
 
 def test_a_failed_upload_is_reported_and_the_run_goes_on(
-    tmp_path: Path, server: S3Server, remote: sk.FsspecStorage
+    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage
 ) -> None:
     remote.fs.retries = 1
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     mirror = sk.Mirror(remote, retries=3, backoff=0.0)  # retries: stale connections after a restart
     ckpt = sk.Checkpointer(tmp_path, mirror=mirror)
     try:
-        train(adapter, opt)
+        lora_step(adapter, opt)
         ckpt.save(1, state)
         ckpt.wait()
-        server.stop()
+        s3_server.stop()
         try:
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(2, state)  # committed locally at once; its upload fails
             with pytest.raises(sk.MirrorError, match="step 2") as caught:
                 ckpt.wait()
@@ -122,8 +99,8 @@ def test_a_failed_upload_is_reported_and_the_run_goes_on(
             status = ckpt.mirror_status()
             assert status is not None and list(status.failed) == [2]
         finally:
-            server.start()
-        train(adapter, opt)
+            s3_server.start()
+        lora_step(adapter, opt)
         with pytest.warns(sk.StatekeeperWarning, match="uploading step 2 to the mirror failed"):
             ckpt.save(3, state)
         ckpt.wait()  # reported once: step 3 uploaded, nothing more to raise
@@ -135,7 +112,7 @@ def test_a_failed_upload_is_reported_and_the_run_goes_on(
 
 
 def test_a_transfer_that_fails_once_is_retried(
-    tmp_path: Path, server: S3Server, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     remote.fs.retries = 1
     failures: list[str] = []
@@ -144,18 +121,18 @@ def test_a_transfer_that_fails_once_is_retried(
     def flaky(self: Any, name: str, chunks: Any) -> None:
         if not failures:
             failures.append(name)
-            server.stop()  # the first transfer meets no server
+            s3_server.stop()  # the first transfer meets no server
             try:
                 real(self, name, chunks)
             finally:
-                server.start()  # back for the retry
+                s3_server.start()  # back for the retry
             return
         real(self, name, chunks)
 
     monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", flaky)
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, backoff=0.0)) as ckpt:
-        train(adapter, opt)
+        lora_step(adapter, opt)
         ckpt.save(1, state)
         ckpt.wait()
     assert len(failures) == 1
@@ -165,13 +142,13 @@ def test_a_transfer_that_fails_once_is_retried(
 def test_resume_from_the_mirror_when_the_local_tier_is_gone_or_damaged(
     tmp_path: Path, remote: sk.FsspecStorage
 ) -> None:
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt:
         for step in (1, 2):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
     saved = {k: v.clone() for k, v in state["model"].state_dict().items()}
-    fresh, _, _ = lora()
+    fresh, _, _ = lora_state(width=128)
     with sk.Checkpointer(tmp_path / "node-b", mirror=sk.Mirror(remote)) as ckpt:
         assert ckpt.restore_latest(fresh) == 2  # a new node: downloaded from the mirror
     for key, value in fresh["model"].state_dict().items():
@@ -180,7 +157,7 @@ def test_resume_from_the_mirror_when_the_local_tier_is_gone_or_damaged(
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
-    again, _, _ = lora()
+    again, _, _ = lora_state(width=128)
     with (
         sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt,
         pytest.warns(sk.StatekeeperWarning, match="damaged step 2"),
@@ -193,7 +170,7 @@ def test_resume_from_the_mirror_when_the_local_tier_is_gone_or_damaged(
 def test_a_damaged_local_file_is_never_uploaded_as_good(
     tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     real = mirror_module.Uploader._upload
 
     def damage_first(self: Any, step: int) -> None:
@@ -205,7 +182,7 @@ def test_a_damaged_local_file_is_never_uploaded_as_good(
 
     monkeypatch.setattr(mirror_module.Uploader, "_upload", damage_first)
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, backoff=0.0)) as ckpt:
-        train(adapter, opt)
+        lora_step(adapter, opt)
         ckpt.save(1, state)
         with pytest.raises(sk.MirrorError) as caught:
             ckpt.wait()
@@ -224,10 +201,10 @@ def test_unchanged_files_are_copied_by_the_store_on_the_mirror_too(
         real(self, name, chunks)
 
     monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", counted)
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
         for step in (1, 2):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
         ckpt.wait()
     assert "step_000000001/tensors-00000.safetensors" in uploaded
@@ -236,10 +213,10 @@ def test_unchanged_files_are_copied_by_the_store_on_the_mirror_too(
 
 
 def test_a_killed_upload_leaves_no_step_on_the_mirror_that_is_not_whole(
-    tmp_path: Path, server: S3Server, remote: sk.FsspecStorage
+    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage
 ) -> None:
     child = launcher.Popen(
-        [sys.executable, "-m", "tests.helpers.mirror_saver", str(tmp_path), server.endpoint,
+        [sys.executable, "-m", "tests.helpers.mirror_saver", str(tmp_path), s3_server.endpoint,
          remote.url],
         cwd=launcher.ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -270,15 +247,15 @@ def test_mirror_arguments_are_checked(tmp_path: Path) -> None:
 
 
 def test_a_mirror_on_another_local_disk_works_the_same(tmp_path: Path) -> None:
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path / "fast", mirror=sk.Mirror(tmp_path / "slow")) as ckpt:
         for step in (1, 2):
-            train(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(step, state)
     assert steps(tmp_path / "slow") == [1, 2]
     assert sk.verify(tmp_path / "slow").ok
     shutil.rmtree(tmp_path / "fast")
-    fresh, _, _ = lora()
+    fresh, _, _ = lora_state(width=128)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with sk.Checkpointer(tmp_path / "fast", mirror=sk.Mirror(tmp_path / "slow")) as ckpt:

@@ -10,14 +10,39 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
-from moto.server import ThreadedMotoServer
-
-__all__ = ["S3Server"]
+__all__ = ["S3Server", "options_for", "pause_after_first_upload"]
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+def options_for(endpoint: str) -> dict[str, Any]:
+    """s3fs storage options that reach the server at ``endpoint`` with the test credentials."""
+    return {
+        "key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "skip_instance_cache": True,  # a fresh client per storage: no stale connections
+    }
+
+
+def pause_after_first_upload() -> None:
+    """From now on, the first file this process uploads to a fsspec store is followed by
+    ``mid-upload`` on stdout and a wait for the SIGKILL the test sends (kill helpers)."""
+    from statekeeper.storage import fsspec as fsspec_storage
+
+    real = fsspec_storage._FsspecFiles.write_chunks
+
+    def then_wait(self: Any, name: str, chunks: Any) -> None:
+        real(self, name, chunks)
+        print("mid-upload", flush=True)
+        while True:
+            time.sleep(60)  # killed here, with the step half uploaded
+
+    fsspec_storage._FsspecFiles.write_chunks = then_wait  # type: ignore[method-assign]
 
 
 class S3Server:
@@ -29,7 +54,7 @@ class S3Server:
             os.environ.setdefault(key, value)
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         self.port = 0
-        self._server: ThreadedMotoServer | None = None
+        self._server: Any = None  # a moto.server.ThreadedMotoServer
         self.start()
 
     @property
@@ -38,15 +63,12 @@ class S3Server:
 
     @property
     def options(self) -> dict[str, Any]:
-        return {
-            "key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
-            "skip_instance_cache": True,  # a fresh client per storage: no stale connections
-            "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},  # fail fast
-        }
+        fail_fast = {"retries": {"max_attempts": 1, "mode": "standard"}}
+        return options_for(self.endpoint) | {"config_kwargs": fail_fast}
 
     def start(self) -> None:
+        from moto.server import ThreadedMotoServer  # here: the kill helpers never need it
+
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         server.start()
         self.port = server.get_host_and_port()[1]

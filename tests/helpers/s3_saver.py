@@ -8,35 +8,19 @@ first file is uploaded, prints ``mid-upload`` and waits for the SIGKILL that the
 from __future__ import annotations
 
 import sys
-import time
-from typing import Any
 
 import torch
+from tests.helpers.s3 import options_for, pause_after_first_upload
 
 import statekeeper as sk
-from statekeeper.storage import fsspec as fsspec_storage
 
 
 def main() -> None:
     endpoint, url = sys.argv[1], sys.argv[2]
-    options = {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        "skip_instance_cache": True,
-    }
-    storage = sk.FsspecStorage(url, **options)
+    storage = sk.FsspecStorage(url, **options_for(endpoint))
     state = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(1000)}
     sk.save(storage, state, step=1, shard_bytes=500_000)
-    real = fsspec_storage._FsspecFiles.write_chunks
-
-    def then_wait(self: Any, name: str, chunks: Any) -> None:
-        real(self, name, chunks)
-        print("mid-upload", flush=True)
-        while True:
-            time.sleep(60)  # killed here, with step 2 half uploaded
-
-    fsspec_storage._FsspecFiles.write_chunks = then_wait  # type: ignore[method-assign]
+    pause_after_first_upload()
     state["w"] += 1
     sk.save(storage, state, step=2, shard_bytes=500_000)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from tests.conftest import lora_state, lora_step
 from tests.helpers import launcher
 from tests.helpers.s3 import S3Server
 
@@ -18,50 +18,24 @@ from statekeeper.storage import fsspec as fsspec_storage
 ROOT = launcher.ROOT
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    started = S3Server()
-    yield started
-    started.stop()
-
-
 @pytest.fixture
-def run(server: S3Server) -> tuple[str, dict[str, Any]]:
+def run(s3_server: S3Server) -> tuple[str, dict[str, Any]]:
     """A run directory in a bucket of its own, and the storage options that reach it."""
-    return f"s3://{server.new_bucket()}/run", server.options
-
-
-def lora() -> tuple[dict[str, Any], torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    base = torch.nn.Linear(128, 128)
-    base.requires_grad_(False)
-    adapter = torch.nn.Linear(128, 4)
-    opt = torch.optim.Adam(adapter.parameters(), lr=0.01)
-    return (
-        {"model": torch.nn.ModuleDict({"base": base, "adapter": adapter}), "optim": opt},
-        (adapter),
-        opt,
-    )
-
-
-def step(adapter: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    adapter(torch.randn(2, 128)).sum().backward()
-    opt.step()
-    opt.zero_grad()
+    return f"s3://{s3_server.new_bucket()}/run", s3_server.options
 
 
 def test_saves_lists_verifies_and_loads_through_s3(run: tuple[str, dict[str, Any]]) -> None:
     url, options = run
     storage = sk.FsspecStorage(url, **options)
-    state, adapter, opt = lora()
+    state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(storage, keep=sk.KeepLatest(2)) as ckpt:
         for s in (1, 2, 3):
-            step(adapter, opt)
+            lora_step(adapter, opt)
             ckpt.save(s, state, metrics={"loss": 1.0 / s})
     assert [i.step for i in sk.list_checkpoints(storage)] == [2, 3]  # retention on S3
     assert sk.verify(storage).ok
-    fresh, fresh_adapter, fresh_opt = lora()
-    step(fresh_adapter, fresh_opt)
+    fresh, fresh_adapter, fresh_opt = lora_state(width=128)
+    lora_step(fresh_adapter, fresh_opt)
     with sk.Checkpointer(sk.FsspecStorage(url, **options)) as ckpt:
         assert ckpt.restore_latest(fresh) == 3
     for a, b in zip(
@@ -75,8 +49,8 @@ def test_an_unchanged_file_is_copied_by_the_server_not_uploaded(
 ) -> None:
     url, options = run
     storage = sk.FsspecStorage(url, **options)
-    state, adapter, opt = lora()
-    step(adapter, opt)
+    state, adapter, opt = lora_state(width=128)
+    lora_step(adapter, opt)
     sk.save(storage, state, step=1)
     uploaded: list[str] = []
     real = fsspec_storage._FsspecFiles.write_chunks
@@ -86,7 +60,7 @@ def test_an_unchanged_file_is_copied_by_the_server_not_uploaded(
         real(self, name, chunks)
 
     monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", counted)
-    step(adapter, opt)
+    lora_step(adapter, opt)
     info = sk.save(storage, state, step=2)
     assert info.reused_files == 1
     assert "tensors-00000.safetensors" not in uploaded  # the frozen shard: CopyObject
@@ -97,11 +71,11 @@ def test_an_unchanged_file_is_copied_by_the_server_not_uploaded(
 
 
 def test_a_killed_upload_leaves_the_previous_step_and_a_partial_one(
-    server: S3Server, run: tuple[str, dict[str, Any]]
+    s3_server: S3Server, run: tuple[str, dict[str, Any]]
 ) -> None:
     url, options = run
     child = launcher.Popen(
-        [sys.executable, "-m", "tests.helpers.s3_saver", server.endpoint, url],
+        [sys.executable, "-m", "tests.helpers.s3_saver", s3_server.endpoint, url],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert child.stdout is not None
@@ -121,7 +95,7 @@ def test_a_killed_upload_leaves_the_previous_step_and_a_partial_one(
 
 
 def test_a_server_restart_mid_upload_fails_that_save_only(
-    server: S3Server, run: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    s3_server: S3Server, run: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, options = run
     storage = sk.FsspecStorage(url, **options)
@@ -135,7 +109,7 @@ def test_a_server_restart_mid_upload_fails_that_save_only(
         real(self, name, chunks)
         if not restarts:
             restarts.append(name)
-            server.stop()  # every later request of this save finds no server
+            s3_server.stop()  # every later request of this save finds no server
 
     monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", down_after_first)
     state["w"] += 1
@@ -143,7 +117,7 @@ def test_a_server_restart_mid_upload_fails_that_save_only(
         with pytest.raises(sk.StatekeeperError):
             sk.save(storage, state, step=2, shard_bytes=500_000)
     finally:
-        server.start()  # back, with what it stored
+        s3_server.start()  # back, with what it stored
     monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", real)
     fresh = sk.FsspecStorage(url, **options)
     assert [i.step for i in sk.list_checkpoints(fresh)] == [1]  # step 2 never committed

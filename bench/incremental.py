@@ -1,6 +1,6 @@
 """Incremental saves of a LoRA-shaped state: time and bytes written per save.
 
-``.venv/bin/python -m bench.incremental [--base-mib 1024] [--adapter-mib 20] [--saves 10]
+``.venv/bin/python -m bench.incremental [--base-mib 1024] [--adapter-mib 10] [--saves 10]
 [--json]`` builds a frozen base (``--base-mib`` of float32 weights in 16 linear layers,
 ``requires_grad=False``) with a trainable low-rank adapter per layer (``--adapter-mib`` in
 all) and Adam over the adapters, then saves ``--saves`` times in a row, one training step
@@ -293,7 +293,9 @@ def main() -> None:
     parser.add_argument("--base-mib", type=int, default=1024, help="frozen float32 weights")
     parser.add_argument("--adapter-mib", type=int, default=10, help="trainable weights")
     parser.add_argument("--saves", type=int, default=10)
-    parser.add_argument("--dir", default=".", help="where the saves go (a real disk)")
+    parser.add_argument(
+        "--dir", default=None, help="where the saves go (a real disk; default: the temp dir)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--rows", choices=("all", "saves", "mirror"), default="all")
     parser.add_argument(

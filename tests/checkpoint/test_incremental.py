@@ -255,3 +255,76 @@ def test_a_frozen_tensor_that_changed_is_written_however_it_changed(
     saved = sk.read(tmp_path)["model"]["base.weight"]
     assert torch.equal(saved, base.weight)
     assert sk.verify(tmp_path).ok
+
+
+def test_tensors_that_stay_unchanged_get_shards_of_their_own_that_are_reused(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    model.register_buffer("table", torch.randn(128, 128))
+    model.table.mul_(2.0)  # written once, in place, then left alone (not a parameter)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": model, "optim": opt}
+    infos = []
+    for step in (1, 2, 3, 4):
+        model(torch.randn(2, 64)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        infos.append(sk.save(tmp_path, state, step=step))
+    data = manifest(tmp_path, 4)
+    table_file = data["tensors"]["model/table"]["file"]
+    weight_file = data["tensors"]["model/weight"]["file"]
+    assert table_file != weight_file  # grouped apart once it was seen unchanged
+    assert table_file in data["reused"] and weight_file not in data["reused"]
+    assert infos[3].written < infos[3].bytes - 128 * 128 * 4
+    assert torch.equal(sk.read(tmp_path)["model"]["table"], model.table)
+
+
+@pytest.mark.parametrize("how", ["non-contiguous, through .data", "reshaped through .data"])
+def test_writes_that_no_version_counter_sees_are_still_saved(how: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16)
+    if how.startswith("non-contiguous"):
+        model.weight = torch.nn.Parameter(torch.randn(16, 16).t(), requires_grad=False)
+    model.requires_grad_(False)
+    sk.save(tmp_path, {"model": model}, step=1)
+    sk.save(tmp_path, {"model": model}, step=2)  # the marks are known from here on
+    if how.startswith("non-contiguous"):
+        model.weight.data.copy_(torch.zeros(16, 16))  # a counter of its own: no mark sees it
+    else:
+        model.weight.data = model.weight.data.view(8, 32)  # same memory, same counter
+    sk.save(tmp_path, {"model": model}, step=3)
+    assert torch.equal(sk.read(tmp_path)["model"]["weight"], model.weight)
+    assert sk.verify(tmp_path).ok
+
+
+def test_a_frozen_tensor_that_others_view_is_checksummed_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _checksums(monkeypatch)
+    frozen = torch.zeros(1024)
+    holder = torch.nn.Module()
+    holder.frozen = torch.nn.Parameter(frozen, requires_grad=False)
+    holder.part = torch.nn.Parameter(frozen.data[:16])  # trainable, viewing the frozen one
+    opt = torch.optim.SGD([holder.part], lr=1.0)
+    for step in (1, 2, 3):
+        holder.part.sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sk.save(tmp_path, {"model": holder, "optim": opt}, step=step)
+    assert len([c for c in calls if "model/frozen" in c]) == 2  # saves 2 and 3: no mark used
+    assert torch.equal(sk.read(tmp_path)["model"]["frozen"], holder.frozen)
+
+
+def test_a_frozen_shard_is_checksummed_from_its_bytes_again_now_and_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _checksums(monkeypatch)
+    state, adapter, opt = lora_state()
+    with sk.Checkpointer(tmp_path) as ckpt:
+        for step in range(1, incremental.RECHECK_EVERY + 3):
+            lora_step(adapter, opt)
+            ckpt.save(step, state)
+    frozen = [c for c in calls if "model/base.weight" in c]
+    assert len(frozen) == 1  # once in RECHECK_EVERY saves, the marks are not enough

@@ -17,23 +17,22 @@ means the shard is written.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
-import xxhash
 
 from statekeeper.checkpoint.location import Location, committed
 from statekeeper.checkpoint.manifests import read_manifest
+from statekeeper.checkpoint.marks import Mark, Memo
 from statekeeper.errors import StatekeeperError
 from statekeeper.format.checksum import Hasher, matches
 from statekeeper.format.manifest import FileRecord
 from statekeeper.format.safetensors_io import ShardLayout, stream
 from statekeeper.storage.base import FileWriter, Storage, fingerprint_of, reuser_of
 
-__all__ = ["Incremental", "Mark", "Previous", "Reuser", "previous_step", "shard_checksum"]
+__all__ = ["Incremental", "Previous", "Reuser", "previous_step", "shard_checksum"]
 
 
 class Incremental(StrEnum):
@@ -56,55 +55,6 @@ class Previous:
     entry: str
     files: dict[str, FileRecord]
     by_size: dict[int, list[str]] = field(default_factory=dict)
-
-
-_SAMPLES = 16
-_SAMPLE_BYTES = 4096
-
-
-@dataclass(frozen=True, eq=False)
-class Mark:
-    """A frozen parameter as it was when a save began: the object itself (weakly held), the
-    address of its data, its version counter (moved by every in-place write), and a hash of
-    16 spread-out 4 KiB samples of its bytes (CPU tensors). A frozen shard whose tensors all
-    keep their marks from one save to the next holds the bytes checksummed then, and is not
-    checksummed again. The samples catch a wholesale rewrite through ``.data`` (which has a
-    version counter of its own); a sparse write through ``.data`` between two saves is the
-    one change this cannot see (``Incremental.WRITE_ALL`` then)."""
-
-    ref: weakref.ref[torch.Tensor]
-    address: int
-    version: int
-    sample: int
-
-    @classmethod
-    def of(cls, param: torch.Tensor) -> Mark | None:
-        try:
-            version = param._version
-        except RuntimeError:  # an inference tensor keeps no version counter
-            return None
-        return cls(weakref.ref(param), param.data_ptr(), version, _sample(param))
-
-    def same(self, other: Mark) -> bool:
-        """Whether ``other`` marks the same live tensor, unmoved and unwritten."""
-        target = self.ref()
-        return (
-            target is not None
-            and target is other.ref()
-            and (self.address, self.version, self.sample)
-            == (other.address, other.version, other.sample)
-        )
-
-
-def _sample(t: torch.Tensor) -> int:
-    if not (t.is_cpu and t.is_contiguous()) or t.numel() == 0:
-        return 0
-    raw = t.detach().reshape(-1).view(torch.uint8).numpy()
-    step = max(len(raw) // _SAMPLES, 1)
-    state = xxhash.xxh3_64()
-    for start in range(0, len(raw), step):
-        state.update(raw[start : start + _SAMPLE_BYTES].tobytes())
-    return state.intdigest()
 
 
 def previous_step(storage: Storage, step: int) -> Previous | None:
@@ -132,34 +82,29 @@ def shard_checksum(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> str:
     return hasher.hexdigest()
 
 
-_checked: dict[tuple[str, str], tuple[object, str]] = {}
+_checked: Memo[tuple[str, str], tuple[object, str]] = Memo(4096)
 """Files found (or written) with their recorded checksum, by (storage, file): the
 storage's fingerprint of the file then, and the checksum. While the fingerprint stays the
-same the file is not read again by this process; the oldest are forgotten past
-``_CHECKED_MAX``."""
-_CHECKED_MAX = 4096
+same the file is not read again by this process."""
 
-
-def _trust(key: tuple[str, str], found: tuple[object, str]) -> None:
-    _checked.pop(key, None)
-    _checked[key] = found
-    while len(_checked) > _CHECKED_MAX:
-        _checked.pop(next(iter(_checked)), None)
+RECHECK_EVERY = 8
+"""A frozen shard whose checksum its marks gave this many saves in a row is checksummed
+from its bytes again (a safety net for writes that no mark sees)."""
 
 
 @dataclass(frozen=True)
 class _Steady:
-    """A frozen shard as this process last saved it: its tensors' names and marks, and the
-    file's checksum and size."""
+    """A frozen shard as this process last saved it: its tensors' names and marks, the
+    file's checksum and size, and how many saves in a row took the checksum from marks."""
 
     names: tuple[str, ...]
     marks: tuple[Mark, ...]
     checksum: str
     size: int
+    skips: int = 0
 
 
-_steady: dict[tuple[str, str], _Steady] = {}  # (storage, shard file) -> as last saved
-_STEADY_MAX = 4096
+_steady: Memo[tuple[str, str], _Steady] = Memo(4096)  # (storage, shard file) -> last save
 
 
 class Reuser:
@@ -172,13 +117,17 @@ class Reuser:
         files: FileWriter,
         previous: Previous | None,
         marks: Mapping[str, Mark | None],
+        shared: Collection[str] = (),
     ) -> None:
         self._storage = storage
         self._previous = previous
         self._reuse = reuser_of(files)
-        self._marks = marks
+        # a tensor whose storage other tensors of the state view (an alias base) has no
+        # sound mark: a write through one of those views moves no counter of its own
+        self._marks = {n: m for n, m in marks.items() if n not in shared}
         self.reused: dict[str, str] = {}
         self.skipped = 0  # shards whose checksum came from their marks, not their bytes
+        self._skips: dict[str, int] = {}
 
     def _marked(self, names: Sequence[str]) -> tuple[Mark, ...] | None:
         found = tuple(self._marks.get(n) for n in names)
@@ -191,8 +140,12 @@ class Reuser:
         known = _steady.get((self._storage.describe(), name))
         if marks is None or known is None or (known.names, known.size) != (names, size):
             return None
-        unmoved = all(a.same(b) for a, b in zip(known.marks, marks, strict=True))
-        return known.checksum if unmoved else None
+        if known.skips + 1 >= RECHECK_EVERY:
+            return None  # checksummed from its bytes this time
+        if not all(a.same(b) for a, b in zip(known.marks, marks, strict=True)):
+            return None
+        self._skips[name] = known.skips + 1
+        return known.checksum
 
     def _candidates(self, name: str, size: int) -> Iterator[str]:
         if self._previous is None or self._reuse is None:
@@ -216,7 +169,7 @@ class Reuser:
         except OSError:
             return False
         if ok and mark is not None:
-            _trust(self._key(entry, name), (mark, record.checksum))
+            _checked.set(self._key(entry, name), (mark, record.checksum))
         return ok
 
     def committed(
@@ -224,19 +177,23 @@ class Reuser:
     ) -> None:
         """Note the files of the step just committed as ``entry`` (their bytes are those
         this process checksummed or checked) and the marks of the frozen shards' tensors;
-        ``shards``: file -> the names of its tensors."""
+        ``shards``: file -> the names of its tensors. Only memory for the next saves: the
+        step is committed whatever happens here, so nothing here may fail the save."""
         where = self._storage.describe()
         for name, record in records.items():
-            mark = fingerprint_of(self._storage, entry, name)
+            try:
+                mark = fingerprint_of(self._storage, entry, name)
+            except (OSError, StatekeeperError):
+                mark = None
             if mark is not None:
-                _trust(self._key(entry, name), (mark, record.checksum))
+                _checked.set(self._key(entry, name), (mark, record.checksum))
             names = tuple(shards.get(name, ()))
             marks = self._marked(names) if names else None
             if marks is not None:
-                _steady.pop((where, name), None)
-                _steady[(where, name)] = _Steady(names, marks, record.checksum, record.size)
-        while len(_steady) > _STEADY_MAX:
-            _steady.pop(next(iter(_steady)), None)
+                skips = self._skips.get(name, 0)
+                _steady.set(
+                    (where, name), _Steady(names, marks, record.checksum, record.size, skips)
+                )
 
     def try_reuse(
         self, name: str, tensors: dict[str, torch.Tensor], shard: ShardLayout

@@ -10,7 +10,8 @@ import torch
 
 from statekeeper._version import __version__
 from statekeeper.checkpoint.checks import Strict
-from statekeeper.checkpoint.incremental import Incremental, Mark
+from statekeeper.checkpoint.incremental import Incremental
+from statekeeper.checkpoint.marks import Mark
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -49,7 +50,9 @@ class SaveOptions:
     - ``incremental``: whether shards identical to files of the previous step are reused
       (:class:`~statekeeper.checkpoint.incremental.Incremental`);
     - ``marks``: the frozen parameters' version marks, taken in the caller (an incremental
-      save skips checksumming a frozen shard whose tensors did not move).
+      save skips checksumming a frozen shard whose tensors did not move);
+    - ``steady``: tensor names found unchanged since the previous save, stored in shards of
+      their own after the frozen ones (an incremental save can then reuse them whole).
     """
 
     overwrite: bool = False
@@ -59,6 +62,7 @@ class SaveOptions:
     provenance: Provenance | None = None
     incremental: Incremental = Incremental.REUSE
     marks: Mapping[str, Mark | None] = field(default_factory=dict)
+    steady: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.incremental, Incremental):

@@ -18,12 +18,14 @@ from typing import Any, Literal, overload
 from statekeeper.checkpoint.adapters import Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
-from statekeeper.checkpoint.incremental import Incremental, Mark
+from statekeeper.checkpoint.gc_pause import collector_paused
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
+from statekeeper.checkpoint.marks import Mark, steady_names
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.scope import Scope, is_distributed
-from statekeeper.checkpoint.writer import write_step
+from statekeeper.checkpoint.writer import Prepared, commit, prepare
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -31,7 +33,7 @@ from statekeeper.state.modules import unwrap
 from statekeeper.state.rng import RNGState
 from statekeeper.storage.base import Storage
 
-__all__ = ["capture", "frozen_names", "save", "save_state"]
+__all__ = ["capture", "frozen_marks", "save", "save_state"]
 
 OnCommit = Callable[[CheckpointInfo], None]
 
@@ -69,20 +71,16 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
     return {name: captured[name] for name in state}
 
 
-def frozen_names(state: Mapping[str, Any]) -> frozenset[str]:
-    """Tensor names of parameters that do not require grad (stored in shards of their own)."""
-    return frozenset(frozen_marks(state))
-
-
-def frozen_marks(state: Mapping[str, Any]) -> dict[str, Mark | None]:
-    """Parameters that do not require grad, by tensor name, each with its
-    :class:`~statekeeper.checkpoint.incremental.Mark` (None when it has none)."""
+def frozen_marks(state: Mapping[str, Any], marked: bool) -> dict[str, Mark | None]:
+    """Parameters that do not require grad, by tensor name (stored in shards of their own),
+    each with its :class:`~statekeeper.checkpoint.marks.Mark` when ``marked`` (None when it
+    has none)."""
     marks: dict[str, Mark | None] = {}
     for name, obj in state.items():
         if adapter_for(obj).kind is Kind.MODULE:
             for p, param in unwrap(obj).named_parameters():
                 if not param.requires_grad:
-                    marks[f"{name}/{p}"] = Mark.of(param)
+                    marks[f"{name}/{p}"] = Mark.of(param) if marked else None
     return marks
 
 
@@ -122,18 +120,30 @@ def save_state(
             )
         info = collective().save(storage, state, step=step, metrics=metrics, options=options)
     else:
-        marks = frozen_marks(state)  # in the caller: before a background save stages
+        reuse = options.incremental is Incremental.REUSE
+        marks = frozen_marks(state, reuse)  # in the caller: before a background save stages
         options = replace(options, frozen=frozenset(marks), marks=marks)
         if writer is not None:
             prepared = writer.prepare(capture(state), metrics)  # plan cache: less stall
+            options = _grouped(storage, prepared, options)
             return writer.submit(
                 storage, prepared, step=step, options=options, lock=lock, on_commit=on_commit
             )
-        with lock or nullcontext():
-            info = write_step(storage, capture(state), step=step, metrics=metrics, options=options)
+        with lock or nullcontext(), collector_paused():
+            prepared = prepare(capture(state), metrics)
+            options = _grouped(storage, prepared, options)
+            info = commit(storage, prepared, step=step, options=options)
     if on_commit is not None:
         on_commit(info)
     return info
+
+
+def _grouped(storage: Storage, prepared: Prepared, options: SaveOptions) -> SaveOptions:
+    """``options`` with the tensors found unchanged since the last save (``steady``), for
+    an incremental save; taken from the live tensors, before any staging."""
+    if options.incremental is not Incremental.REUSE:
+        return options
+    return replace(options, steady=steady_names(storage, prepared.stored))
 
 
 # A one-off background save per run directory, until it is reported: the next save there

@@ -177,7 +177,9 @@ def commit(
     tensors: dict[str, TensorRecord] = {}
     planned = [
         (shard.file, members, layout(members))
-        for shard in plan_shards(prepared.stored, options.frozen, options.shard_bytes)
+        for shard in plan_shards(
+            prepared.stored, options.frozen, options.shard_bytes, options.steady
+        )
         for members in ({n: prepared.stored[n] for n in shard.names},)
     ]
     total = sum(lay.size for _, _, lay in planned)
@@ -194,7 +196,8 @@ def commit(
         txn = storage.begin(entry, replace=exists)
         reuse = options.incremental is Incremental.REUSE
         previous = previous_step(storage, step) if reuse else None
-        reuser = Reuser(storage, txn, previous, options.marks)
+        shared = {alias.base for alias in prepared.aliases.values()}
+        reuser = Reuser(storage, txn, previous, options.marks, shared)
         for file, members, lay in planned:
             record = reuser.try_reuse(file, members, lay)
             if record is None:
@@ -219,7 +222,6 @@ def commit(
         manifest_bytes = manifest.to_bytes()
         txn.write(MANIFEST, manifest_bytes)
         txn.commit()
-        reuser.committed(entry, files, {file: tuple(members) for file, members, _ in planned})
     except OSError as exc:  # out of space, I/O error, ...: nothing committed, nothing touched
         if txn is not None:
             txn.abort()
@@ -230,6 +232,7 @@ def commit(
         if txn is not None:
             txn.abort()
         raise
+    reuser.committed(entry, files, {file: tuple(members) for file, members, _ in planned})
     return CheckpointInfo.from_manifest(storage.describe(entry), manifest, len(manifest_bytes))
 
 

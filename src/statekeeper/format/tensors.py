@@ -1,10 +1,11 @@
 """Tensor shards: deterministic assignment to files and safetensors encoding.
 
 Shards are standard safetensors files named ``tensors-NNNNN.safetensors``. Tensors are
-assigned in traversal order; tensors that rarely change (frozen parameters) come first,
-in shards of their own, so their files keep the same name and bytes from step to step. A
-shard is closed when adding the next tensor would pass ``shard_bytes`` (a single larger
-tensor gets a shard to itself).
+assigned in traversal order; tensors that rarely change come first, in shards of their own,
+so their files keep the same name and bytes from step to step: frozen parameters, then the
+tensors a save found unchanged since the previous one (``steady``). A shard is closed when
+adding the next tensor would pass ``shard_bytes`` (a single larger tensor gets a shard to
+itself).
 """
 
 from __future__ import annotations
@@ -28,11 +29,20 @@ class Shard:
 
 
 def plan_shards(
-    stored: dict[str, torch.Tensor], frozen: Iterable[str], shard_bytes: int
+    stored: dict[str, torch.Tensor],
+    frozen: Iterable[str],
+    shard_bytes: int,
+    steady: Iterable[str] = (),
 ) -> list[Shard]:
-    """Assign stored tensors to shard files, deterministically."""
+    """Assign stored tensors to shard files, deterministically: the ``frozen`` ones first,
+    then the ``steady`` ones (unchanged since the last save), then the others."""
     frozen_set = set(frozen)
-    groups = ([n for n in stored if n in frozen_set], [n for n in stored if n not in frozen_set])
+    steady_set = set(steady) - frozen_set
+    groups = (
+        [n for n in stored if n in frozen_set],
+        [n for n in stored if n in steady_set],
+        [n for n in stored if n not in frozen_set and n not in steady_set],
+    )
     shards: list[Shard] = []
     for names in groups:
         current: list[str] = []

@@ -1,0 +1,148 @@
+"""What an incremental save remembers of tensors between saves of one process.
+
+- :class:`Mark`: a frozen parameter as a save found it: its storage (the live storage
+  object itself, weakly held: a new storage at a freed one's address is another object),
+  where in it, its dtype, shape and strides, its version counter (moved by every in-place
+  write) and a hash of 16 spread-out 4 KiB samples of its bytes. A frozen shard whose
+  tensors keep their marks since the last save holds the bytes checksummed then.
+- :func:`steady_names`: the tensors whose storage, layout and version counter did not move
+  since the last save, grouped into shards of their own.
+- :class:`Memo`: a small, bounded, thread-safe map for what is remembered (upload threads
+  and the saving thread use it at once).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+import xxhash
+
+from statekeeper.storage.base import Storage
+
+__all__ = ["Mark", "Memo", "steady_names"]
+
+_SAMPLES = 16
+_SAMPLE_BYTES = 4096
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """At most ``limit`` entries, the least recently set dropped first; safe across threads."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            return self._data.get(key)
+
+    def set(self, key: K, value: V) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self._limit:
+                self._data.popitem(last=False)
+
+    def swap(self, key: K, make: Callable[[V | None], V]) -> V | None:
+        """Set ``key`` to ``make(old)`` atomically; the old value."""
+        with self._lock:
+            old = self._data.get(key)
+            self._data[key] = make(old)
+            self._data.move_to_end(key)
+            while len(self._data) > self._limit:
+                self._data.popitem(last=False)
+            return old
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+@dataclass(frozen=True, eq=False)
+class Mark:
+    """A tensor's storage (weakly held), place, layout, version counter and sampled bytes."""
+
+    storage: weakref.ref[torch.UntypedStorage]
+    layout: tuple[object, ...]  # offset, dtype, shape, strides, bytes
+    version: int
+    sample: int
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Mark | None:
+        """The tensor's mark; None where it cannot have a sound one: a tensor off the CPU
+        or not contiguous (its bytes cannot be sampled cheaply), or without a version
+        counter (an inference tensor)."""
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or not t.is_cpu:
+            return None
+        if not t.is_contiguous() or t.numel() == 0:
+            return None
+        try:
+            version = t._version
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+        layout = (t.storage_offset(), t.dtype, tuple(t.shape), t.stride(), t.nbytes)
+        return cls(weakref.ref(storage), layout, version, _sample(t))
+
+    def same(self, other: Mark) -> bool:
+        """Whether ``other`` marks the same live storage, place and layout, unwritten."""
+        mine = self.storage()
+        return (
+            mine is not None
+            and mine is other.storage()
+            and (self.layout, self.version, self.sample)
+            == (other.layout, other.version, other.sample)
+        )
+
+
+def _sample(t: torch.Tensor) -> int:
+    raw = t.detach().reshape(-1).view(torch.uint8).numpy()
+    step = max(len(raw) // _SAMPLES, 1)
+    state = xxhash.xxh3_64()
+    for start in range(0, len(raw), step):
+        state.update(raw[start : start + _SAMPLE_BYTES].tobytes())
+    return state.intdigest()
+
+
+_Place = tuple["weakref.ref[torch.UntypedStorage]", tuple[object, ...]]
+
+
+def _place(t: torch.Tensor) -> _Place | None:
+    """A tensor's storage object (weakly held), and its place, layout and version counter."""
+    try:
+        storage = t.untyped_storage()
+        version = t._version
+    except (RuntimeError, NotImplementedError):
+        return None
+    return weakref.ref(storage), (t.storage_offset(), t.dtype, tuple(t.shape), t.stride(), version)
+
+
+_seen: Memo[str, dict[str, _Place]] = Memo(64)
+"""Per storage, the tensors of this process's last save there (see :func:`steady_names`)."""
+
+
+def steady_names(storage: Storage, stored: Mapping[str, torch.Tensor]) -> frozenset[str]:
+    """The tensors of ``stored`` (live ones, not staged copies) whose storage object, place,
+    layout and version counter did not move since this process's previous save to
+    ``storage``. They go to shards of their own (after the frozen parameters), so that
+    tensors that stay unchanged (buffers left alone, an EMA copy between its updates) share
+    files that the next save reuses whole. Only a grouping: whether a file is reused is
+    decided by its checksum, never by this."""
+    now = {name: place for name, t in stored.items() if (place := _place(t)) is not None}
+    before = _seen.swap(storage.describe(), lambda _: now) or {}
+    steady = set()
+    for name, (ref, layout) in now.items():
+        old = before.get(name)
+        if old is not None and old[0]() is not None and old[0]() is ref() and old[1] == layout:
+            steady.add(name)
+    return frozenset(steady)

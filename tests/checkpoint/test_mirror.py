@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,15 @@ from statekeeper.storage import fsspec as fsspec_storage
 @pytest.fixture
 def remote(s3_server: S3Server) -> sk.FsspecStorage:
     return sk.FsspecStorage(f"s3://{s3_server.new_bucket()}/run", **s3_server.options)
+
+
+def read_line(child: Any) -> str:
+    """The child's next line; a hang guard only (the child prints at once): 120 s."""
+    ready, _, _ = select.select([child.stdout], [], [], 120)
+    if not ready:
+        child.kill()
+        raise AssertionError("the child printed nothing in 120 s")
+    return str(child.stdout.readline()).strip()
 
 
 def steps(storage: Any) -> list[int]:
@@ -55,13 +65,13 @@ def test_each_tier_keeps_its_own_steps_and_waiting_steps_stay_local(
     tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     release = threading.Event()
-    real = mirror_module.Uploader._upload
+    real = mirror_module.upload_step
 
-    def held(self: Any, step: int) -> None:
+    def held(*args: Any) -> bool:
         release.wait(timeout=120)  # a hang guard only: the test sets it
-        real(self, step)
+        return real(*args)
 
-    monkeypatch.setattr(mirror_module.Uploader, "_upload", held)
+    monkeypatch.setattr(mirror_module, "upload_step", held)
     state, adapter, opt = lora_state(width=128)
     mirror = sk.Mirror(remote, keep=sk.KeepEvery(2))
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), mirror=mirror) as ckpt:
@@ -84,7 +94,7 @@ def test_a_failed_upload_is_reported_and_the_run_goes_on(
     remote.fs.retries = 1
     state, adapter, opt = lora_state(width=128)
     mirror = sk.Mirror(remote, retries=3, backoff=0.0)  # retries: stale connections after a restart
-    ckpt = sk.Checkpointer(tmp_path, mirror=mirror)
+    ckpt = sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), mirror=mirror)
     try:
         lora_step(adapter, opt)
         ckpt.save(1, state)
@@ -101,14 +111,14 @@ def test_a_failed_upload_is_reported_and_the_run_goes_on(
         finally:
             s3_server.start()
         lora_step(adapter, opt)
-        with pytest.warns(sk.StatekeeperWarning, match="uploading step 2 to the mirror failed"):
-            ckpt.save(3, state)
-        ckpt.wait()  # reported once: step 3 uploaded, nothing more to raise
+        with pytest.warns(sk.StatekeeperWarning, match="uploading step 2 to s3://"):
+            ckpt.save(3, state)  # its upload tries step 2's again first
+        ckpt.wait()  # reported once: nothing more to raise
     finally:
         ckpt.close()
-    assert steps(tmp_path) == [1, 2, 3]
-    assert steps(remote) == [1, 3]  # never a step 2 that is not whole
-    assert sk.list_partial(remote) == [] or all(p.step == 2 for p in sk.list_partial(remote))
+    assert steps(tmp_path) == [2, 3]  # step 2 was kept locally until it was uploaded
+    assert steps(remote) == [1, 2, 3]  # step 2 made it on its second try
+    assert sk.verify(remote).ok
 
 
 def test_a_transfer_that_fails_once_is_retried(
@@ -131,7 +141,8 @@ def test_a_transfer_that_fails_once_is_retried(
 
     monkeypatch.setattr(fsspec_storage._FsspecFiles, "write_chunks", flaky)
     state, adapter, opt = lora_state(width=128)
-    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, backoff=0.0)) as ckpt:
+    mirror = sk.Mirror(remote, backoff=0.0, concurrency=1)  # one file in flight: the one cut
+    with sk.Checkpointer(tmp_path, mirror=mirror) as ckpt:
         lora_step(adapter, opt)
         ckpt.save(1, state)
         ckpt.wait()
@@ -171,16 +182,16 @@ def test_a_damaged_local_file_is_never_uploaded_as_good(
     tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, adapter, opt = lora_state(width=128)
-    real = mirror_module.Uploader._upload
+    real = mirror_module.upload_step
 
-    def damage_first(self: Any, step: int) -> None:
+    def damage_first(local: Any, remote: Any, step: int, transfer: Any) -> bool:
         shard = tmp_path / f"step_{step:09d}" / "tensors-00001.safetensors"
         data = bytearray(shard.read_bytes())
         data[-1] ^= 0xFF  # bit rot between the local commit and the upload
         shard.write_bytes(bytes(data))
-        real(self, step)
+        return real(local, remote, step, transfer)
 
-    monkeypatch.setattr(mirror_module.Uploader, "_upload", damage_first)
+    monkeypatch.setattr(mirror_module, "upload_step", damage_first)
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, backoff=0.0)) as ckpt:
         lora_step(adapter, opt)
         ckpt.save(1, state)
@@ -220,8 +231,7 @@ def test_a_killed_upload_leaves_no_step_on_the_mirror_that_is_not_whole(
          remote.url],
         cwd=launcher.ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "mid-upload"
+    assert read_line(child) == "mid-upload"
     child.kill()
     child.wait()
     assert steps(tmp_path) == [1, 2]  # both committed locally
@@ -260,3 +270,59 @@ def test_a_mirror_on_another_local_disk_works_the_same(tmp_path: Path) -> None:
         warnings.simplefilter("error")
         with sk.Checkpointer(tmp_path / "fast", mirror=sk.Mirror(tmp_path / "slow")) as ckpt:
             assert ckpt.restore_latest(fresh) == 2
+
+
+def test_a_preemption_saves_at_once_without_waiting_for_uploads(
+    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    release = threading.Event()
+    real = mirror_module.upload_step
+
+    def held(*args: Any) -> bool:
+        release.wait(timeout=120)  # a hang guard only: the test sets it
+        return real(*args)
+
+    monkeypatch.setattr(mirror_module, "upload_step", held)
+    state, adapter, opt = lora_state(width=128)
+    every = sk.EverySteps(100) | sk.OnSignal(signal.SIGUSR1)
+    with sk.Checkpointer(tmp_path, every=every, mirror=sk.Mirror(remote)) as ckpt:
+        lora_step(adapter, opt)
+        ckpt.save(1, state)  # its upload is held
+        signal.raise_signal(signal.SIGUSR1)
+        lora_step(adapter, opt)
+        ckpt.maybe_save(2, state)  # saves now: the held upload does not block it
+        assert ckpt.preempted and steps(tmp_path) == [1, 2]
+        release.set()
+    assert steps(remote) == [1, 2]  # close() waited for both uploads
+
+
+def test_background_saves_with_a_mirror(tmp_path: Path, remote: sk.FsspecStorage) -> None:
+    state, adapter, opt = lora_state(width=128)
+    with sk.Checkpointer(tmp_path, async_save=True, mirror=sk.Mirror(remote)) as ckpt:
+        for step in (1, 2, 3):
+            lora_step(adapter, opt)
+            ckpt.save(step, state)
+        ckpt.wait()
+    assert steps(remote) == [1, 2, 3] and sk.verify(remote).ok
+
+
+def test_an_unreachable_mirror_does_not_stop_a_resume(
+    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage
+) -> None:
+    state, adapter, opt = lora_state(width=128)
+    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
+        lora_step(adapter, opt)
+        ckpt.save(1, state)
+    remote.fs.retries = 1
+    s3_server.stop()
+    try:
+        fresh, _, _ = lora_state(width=128)
+        with (
+            pytest.warns(sk.StatekeeperWarning, match="cannot list"),
+            sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, retries=0)) as ckpt,
+        ):
+            assert ckpt.restore_latest(fresh) == 1  # the local tier alone
+    finally:
+        s3_server.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 from typing import Any
@@ -79,6 +80,8 @@ def test_a_killed_upload_leaves_the_previous_step_and_a_partial_one(
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], 120)  # a hang guard only
+    assert ready, "the child printed nothing in 120 s"
     assert child.stdout.readline().strip() == "mid-upload"
     child.kill()
     child.wait()

@@ -160,7 +160,7 @@ class Checkpointer:
         """
         self._check_open()
         check_assignable(state)
-        self.wait()
+        self._wait_writer()
         if self._leader:
             for partial in list_partial(self.storage):
                 self.storage.remove(partial.name)
@@ -211,7 +211,7 @@ class Checkpointer:
         the handler that was installed before runs."""
         failure: BaseException | None = None
         try:
-            self.wait()
+            self._wait_writer()
         except Exception as exc:
             failure = exc
         info = None if saved else self._save(step, state, metrics, writer=None)
@@ -238,7 +238,8 @@ class Checkpointer:
         writer: AsyncWriter | None,
     ) -> CheckpointInfo | PendingSave:
         self._check_open()
-        self._warn_uploads()
+        if self._uploader is not None:
+            self._uploader.warn_new_failures()
         full = self._with_rng(state)
         if is_distributed(self._scope, full) and not self._distributed:
             writer = None  # made before the process group: its writer is a local one
@@ -263,7 +264,7 @@ class Checkpointer:
     def _retention(self, info: CheckpointInfo) -> None:
         if self._leader:  # in a job, rank 0 applies retention for everyone
             self._retain(info.step)  # keeps the new step (the newest) and those waiting
-        if self._uploader is not None:
+        if self._uploader is not None and not is_distributed(self._scope):
             self._uploader.submit(info.step)  # last: the upload starts as the save returns
 
     def wait(self) -> CheckpointInfo | None:
@@ -278,14 +279,11 @@ class Checkpointer:
         """Where the uploads to the mirror stand (None without a mirror)."""
         return None if self._uploader is None else self._uploader.status()
 
-    def _warn_uploads(self) -> None:
-        for step, exc in [] if self._uploader is None else self._uploader.new_failures():
-            warnings.warn(
-                f"statekeeper: uploading step {step} to the mirror failed ({exc}); it is intact "
-                "locally, later steps upload as usual, and wait()/close() raise it",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
+    def _wait_writer(self) -> None:
+        """Wait for a background save only (a pre-emption or a resume never waits for the
+        uploads, which go on)."""
+        if self._writer is not None:
+            self._writer.wait()
 
     def _retain(self, newest: int) -> None:
         if self.keep is None:
@@ -300,20 +298,27 @@ class Checkpointer:
             raise StatekeeperError("this Checkpointer is closed; create a new one")
 
     def close(self) -> None:
-        """Finish a background save and the uploads to the mirror (raising their errors),
-        then release the writer lock."""
+        """Finish a background save and the uploads to the mirror, then release the writer
+        lock. A failed save is raised first; failed uploads then raise ``MirrorError``, or
+        are only warned about when the save failed too."""
+        self._close(quiet_uploads=False)
+
+    def _close(self, *, quiet_uploads: bool) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            if self._writer is not None:
-                self._writer.close()  # waits, and stops the writer's thread
-        finally:
             try:
+                if self._writer is not None:
+                    self._writer.close()  # waits, and stops the writer's thread
+            except BaseException:
                 if self._uploader is not None:
-                    self._uploader.wait()  # every upload ends (its failures are raised)
-            finally:
-                self._release()
+                    self._uploader.finish(quiet=True)
+                raise
+            if self._uploader is not None:
+                self._uploader.finish(quiet=quiet_uploads)
+        finally:
+            self._release()
 
     def _release(self) -> None:
         if self._watch is not None:
@@ -329,4 +334,4 @@ class Checkpointer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self._close(quiet_uploads=exc_type is not None)  # the loop's own error comes first

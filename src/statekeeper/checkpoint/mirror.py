@@ -11,38 +11,36 @@ transfer is retried ``retries`` times, waiting ``backoff`` seconds, doubled each
 
 An upload that fails for good leaves no committed step on the mirror; it is kept, warned
 about at the next save, raised (:class:`~statekeeper.errors.MirrorError`) by ``wait()`` and
-``close()``, and never blocks training: the next steps upload as usual. A step waiting for
-its upload is never deleted by the local tier's retention. After each upload the mirror's
-own retention policy (``Mirror.keep``) applies to the mirror.
+``close()``, tried again with the next saves (``RETRY_STEPS`` tries in all), and never
+blocks training: the next steps upload as usual. A step waiting for its upload, or failed
+with tries left, is never deleted by the local tier's retention. After each upload the
+mirror's own retention policy (``Mirror.keep``) applies to the mirror.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import threading
-import time
+import warnings
+import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from statekeeper.checkpoint.incremental import Reuser, previous_step
-from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
-from statekeeper.checkpoint.naming import step_entry
+from statekeeper.checkpoint.location import PathOrStorage, resolve_storage
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.checkpoint.retention import apply_retention
+from statekeeper.checkpoint.upload import Transfer, upload_step
 from statekeeper.errors import (
-    CorruptCheckpointError,
     InvalidArgumentError,
     MirrorError,
     StatekeeperError,
+    StatekeeperWarning,
+    user_stacklevel,
 )
-from statekeeper.format.checksum import Buffer, Hasher
-from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest
-from statekeeper.storage.base import Storage, Transaction
+from statekeeper.storage.base import Storage
 
 __all__ = ["Mirror", "MirrorStatus", "Uploader"]
-
-_PIECE = 8 << 20  # bytes handed to the store per write call
 
 
 @dataclass(frozen=True)
@@ -69,8 +67,11 @@ class Mirror:
                 raise InvalidArgumentError(f"Mirror {name} must be an int >= 0, got {value!r}")
         if self.concurrency < 1:
             raise InvalidArgumentError("Mirror concurrency must be at least 1")
-        if not isinstance(self.backoff, int | float) or self.backoff < 0:
-            raise InvalidArgumentError(f"Mirror backoff must be seconds >= 0, got {self.backoff!r}")
+        backoff = self.backoff
+        if isinstance(backoff, bool) or not isinstance(backoff, int | float):
+            raise InvalidArgumentError(f"Mirror backoff must be seconds >= 0, got {backoff!r}")
+        if not math.isfinite(backoff) or backoff < 0:
+            raise InvalidArgumentError(f"Mirror backoff must be seconds >= 0, got {backoff!r}")
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,6 @@ class MirrorStatus:
     failed: dict[int, str] = field(default_factory=dict)
 
 
-def _pieces(data: Buffer, hasher: Hasher) -> Iterator[memoryview]:
-    view = memoryview(data).cast("B")
-    for start in range(0, len(view), _PIECE):
-        piece = view[start : start + _PIECE]
-        hasher.update(piece)
-        yield piece
-
-
 class Uploader:
     """Copies committed steps of ``local`` to ``mirror`` on a thread of its own."""
 
@@ -100,20 +93,34 @@ class Uploader:
         self.local = local
         self.mirror = mirror
         self.remote = resolve_storage(mirror.target)
+        if self.remote.describe() == local.describe():
+            raise InvalidArgumentError(
+                f"the mirror {self.remote.describe()} is the run directory itself: mirror "
+                "to another storage"
+            )
+        self._transfer = Transfer(mirror.concurrency, mirror.retries, mirror.backoff)
+        self._reset()
+        _uploaders.add(self)
+
+    def _reset(self) -> None:
         self._cond = threading.Condition()
         self._queue: deque[int] = deque()
         self._uploading: int | None = None
         self._uploaded: int | None = None
         self._failed: dict[int, BaseException] = {}
+        self._attempts: dict[int, int] = {}
         self._unreported: list[int] = []
         self._unwarned: list[int] = []
         self._thread: threading.Thread | None = None
 
     def submit(self, step: int) -> None:
-        """Upload committed ``step`` after those already waiting."""
+        """Upload committed ``step`` after those already waiting, and try again the steps
+        whose upload failed (each at most ``RETRY_STEPS`` times)."""
         with self._cond:
-            if step not in self._queue and step != self._uploading:
-                self._queue.append(step)
+            retry = [s for s in self._failed if self._attempts.get(s, 0) < RETRY_STEPS]
+            for s in (*sorted(retry), step):
+                if s not in self._queue and s != self._uploading:
+                    self._queue.append(s)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="statekeeper-mirror", daemon=False
@@ -122,9 +129,12 @@ class Uploader:
             self._cond.notify_all()
 
     def pending(self) -> set[int]:
-        """Steps waiting for their upload or being uploaded (local retention keeps them)."""
+        """Steps not on the mirror yet that will be tried again: waiting, being uploaded,
+        or failed with tries left. Local retention keeps them."""
         with self._cond:
-            return {*self._queue, *([] if self._uploading is None else [self._uploading])}
+            retry = {s for s in self._failed if self._attempts.get(s, 0) < RETRY_STEPS}
+            current = [] if self._uploading is None else [self._uploading]
+            return {*self._queue, *current, *retry}
 
     def status(self) -> MirrorStatus:
         with self._cond:
@@ -136,11 +146,19 @@ class Uploader:
                 {s: f"{type(e).__name__}: {e}" for s, e in self._failed.items()},
             )
 
-    def new_failures(self) -> list[tuple[int, BaseException]]:
-        """Failures not yet returned by this call (the Checkpointer warns about them)."""
+    def warn_new_failures(self) -> None:
+        """A ``StatekeeperWarning`` for each failure not warned about yet."""
         with self._cond:
             found, self._unwarned = self._unwarned, []
-            return [(s, self._failed[s]) for s in found if s in self._failed]
+            failures = [(s, self._failed[s]) for s in found if s in self._failed]
+        for step, exc in failures:
+            warnings.warn(
+                f"statekeeper: uploading step {step} to {self.remote.describe()} failed "
+                f"({type(exc).__name__}: {exc}); the step stays on the local tier and its "
+                "upload is tried again with the next save; wait()/close() raise it",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
 
     def wait(self) -> None:
         """Wait until every submitted step is uploaded or has failed; raise ``MirrorError``
@@ -153,10 +171,21 @@ class Uploader:
         if errors:
             detail = "; ".join(f"step {s}: {type(e).__name__}: {e}" for s, e in errors)
             raise MirrorError(
-                f"uploading to {self.remote.describe()} failed ({detail}). These steps are "
-                "intact on the local tier; later steps were uploaded as usual",
+                f"uploading to {self.remote.describe()} failed ({detail}). Later steps were "
+                "uploaded as usual; a failed step stays on the local tier while its upload "
+                f"is tried again (with each of the next {RETRY_STEPS} saves)",
                 [s for s, _ in errors],
             ) from errors[-1][1]
+
+    def finish(self, *, quiet: bool) -> None:
+        """Wait for the uploads; their unreported failures are raised, or only warned about
+        with ``quiet`` (an error is already on its way out)."""
+        try:
+            self.wait()
+        except MirrorError as exc:
+            if not quiet:
+                raise
+            warnings.warn(f"statekeeper: {exc}", StatekeeperWarning, stacklevel=2)
 
     def _run(self) -> None:
         while True:
@@ -167,15 +196,19 @@ class Uploader:
                     return
                 step = self._queue.popleft()
                 self._uploading = step
+                self._attempts[step] = self._attempts.get(step, 0) + 1
             error: BaseException | None = None
             try:
-                self._upload(step)
+                upload_step(self.local, self.remote, step, self._transfer)
             except Exception as exc:  # kept, warned about and raised by wait(): never lost
                 error = exc
+            if error is None:
+                self._retain(step)  # before wait() can return: the tier is as it will stay
             with self._cond:
                 self._uploading = None
                 if error is None:
                     self._failed.pop(step, None)
+                    self._attempts.pop(step, None)
                     self._uploaded = step if self._uploaded is None else max(self._uploaded, step)
                 else:
                     self._failed[step] = error
@@ -183,58 +216,33 @@ class Uploader:
                     self._unwarned.append(step)
                 self._cond.notify_all()
 
-    def _retrying(self, attempt: Callable[[], None]) -> None:
-        for n in range(self.mirror.retries + 1):
-            try:
-                attempt()
-                return
-            except CorruptCheckpointError:
-                raise  # the local copy is damaged: no retry can help
-            except (OSError, StatekeeperError):
-                if n == self.mirror.retries:
-                    raise
-                time.sleep(self.mirror.backoff * 2**n)
+    def _retain(self, step: int) -> None:
+        """The mirror's retention; a failure there is warned about (the step is uploaded)."""
+        if self.mirror.keep is None:
+            return
+        try:
+            apply_retention(self.remote, self.mirror.keep, protect={step})
+        except (OSError, StatekeeperError) as exc:
+            warnings.warn(
+                f"statekeeper: retention on the mirror {self.remote.describe()} failed after "
+                f"step {step} ({exc}); it runs again after the next upload",
+                StatekeeperWarning,
+                stacklevel=2,
+            )
 
-    def _copy(
-        self, txn: Transaction, reuser: Reuser, entry: str, name: str, record: FileRecord
-    ) -> None:
-        if reuser.reuse_known(name, record) is not None:
-            return  # the mirror's previous step has it: copied by the store
-        data = self.local.read(entry, name)
 
-        def once() -> None:
-            hasher = Hasher()
-            txn.write_chunks(name, _pieces(data, hasher))
-            if (hasher.size, hasher.hexdigest()) != (record.size, record.checksum):
-                raise CorruptCheckpointError(
-                    self.local.describe(entry, name),
-                    "differs from the checksum its manifest records: not uploaded",
-                )
+RETRY_STEPS = 3
+"""How many times in all a step's upload is tried (once, then with each of the next saves)."""
 
-        self._retrying(once)
+_uploaders: weakref.WeakSet[Uploader] = weakref.WeakSet()
 
-    def _upload(self, step: int) -> None:
-        entry = step_entry(step)
-        raw = self.local.read(entry, MANIFEST)
-        manifest_bytes = bytes(raw)
-        manifest = Manifest.from_bytes(self.local.describe(entry, MANIFEST), manifest_bytes)
-        exists = any(p.step == step for p in committed(self.remote))
-        with self.remote.writer_lock():
-            txn = self.remote.begin(entry, replace=exists)
-            try:
-                reuser = Reuser(self.remote, txn, previous_step(self.remote, step), {})
-                with ThreadPoolExecutor(self.mirror.concurrency, "statekeeper-upload") as pool:
-                    jobs = [
-                        pool.submit(self._copy, txn, reuser, entry, name, record)
-                        for name, record in sorted(manifest.files.items())
-                    ]
-                    for job in jobs:
-                        job.result()
-                self._retrying(lambda: txn.write(MANIFEST, manifest_bytes))
-                txn.commit()
-            except BaseException:
-                txn.abort()
-                raise
-            reuser.committed(entry, dict(manifest.files), {})
-            if self.mirror.keep is not None:
-                apply_retention(self.remote, self.mirror.keep, protect={step})
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: its uploaders start afresh (the
+    parent goes on uploading what it had queued)."""
+    for uploader in list(_uploaders):
+        uploader._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

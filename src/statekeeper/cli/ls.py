@@ -122,7 +122,9 @@ def _tiers(
     for info in remote:
         if info.error is None:
             tiers.setdefault(info.step, []).append("mirror")
-        merged.setdefault(info.step, info)
+        local = merged.get(info.step)
+        if local is None or (local.error is not None and info.error is None):
+            merged[info.step] = info  # damaged here, intact there: the intact one shows
     return [merged[s] for s in sorted(merged)], tiers
 
 

@@ -44,6 +44,27 @@ INCOMPLETE = ".partial-0"
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
+class _Produced(Exception):
+    """An exception raised by the caller's chunk iterator, carried past the translation of
+    the store's own errors."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+def _guarded(chunks: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+    iterator = iter(chunks)
+    while True:
+        try:
+            chunk = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _Produced(exc) from exc
+        yield chunk
+
+
 def _translated(doing: str) -> Callable[[_Method], _Method]:
     """A method whose failures reaching the store are ``StorageError`` naming what was done
     and where: an unreachable store raises its client's own exceptions (botocore's, aiohttp's),
@@ -54,6 +75,8 @@ def _translated(doing: str) -> Callable[[_Method], _Method]:
         def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 return method(self, *args, **kwargs)
+            except _Produced as exc:  # the caller's chunks failed, not the store
+                raise exc.original from None
             except (StatekeeperError, FileNotFoundError, NotImplementedError):
                 raise
             except Exception as exc:
@@ -104,8 +127,10 @@ class _FsspecFiles(EntryWriter):
         path = self._storage.path(self._final, name)
         try:
             with self._storage.fs.open(path, "wb") as f:
-                for chunk in chunks:
+                for chunk in _guarded(chunks):
                     f.write(memoryview(chunk).cast("B"))
+        except _Produced:
+            raise
         except OSError as exc:
             raise StorageError(exc.errno, f"could not write {path}: {exc}") from exc
 
@@ -200,12 +225,15 @@ class FsspecStorage:
         )
 
     @_translated("reading the size of")
-    def _info(self, entry: str, name: str) -> dict[str, Any]:
+    def _info(self, entry: str, name: str, fresh: bool = False) -> dict[str, Any]:
         """The object's description, refused unless it is a plain file (an object; on a
         local file system a regular file that is no link): a FIFO never blocks a read."""
         real = self._real(entry)
         check_name(self.describe(real), name)
-        info: dict[str, Any] = self.fs.info(self.path(real, name))
+        path = self.path(real, name)
+        if fresh:
+            self.fs.invalidate_cache(path)  # not a listing cached before the file changed
+        info: dict[str, Any] = self.fs.info(path)
         kind = info.get("type")
         if kind != "file" or info.get("islink"):
             what = "a symbolic link" if info.get("islink") else f"of type {kind!r}"
@@ -218,7 +246,7 @@ class FsspecStorage:
     def fingerprint(self, entry: str, name: str) -> object | None:
         """The object's ETag (a new one with every write) where the store gives one."""
         try:
-            info = self._info(entry, name)
+            info = self._info(entry, name, fresh=True)
         except (OSError, StatekeeperError):
             return None
         tag = info.get("ETag") or info.get("etag")

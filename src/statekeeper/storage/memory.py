@@ -13,6 +13,7 @@ committed step; useful to users for the same kind of test of their own code.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
@@ -34,6 +35,10 @@ class _Dir:
     files: dict[str, bytes] = field(default_factory=dict)
     durable_files: dict[str, bytes] = field(default_factory=dict)
     durable_names: set[str] = field(default_factory=set)
+    stamps: dict[str, int] = field(default_factory=dict)  # a new one for every write
+
+
+_STAMPS = itertools.count(1)
 
 
 class _MemoryTransaction(EntryWriter):
@@ -51,6 +56,7 @@ class _MemoryTransaction(EntryWriter):
         s._op("write", f"{self._entry}/{name}")
         d = s._live[self._entry]
         d.files[name] = b"".join(bytes(c) for c in chunks)
+        d.stamps[name] = next(_STAMPS)
         s._op("fsync")
         d.durable_files[name] = d.files[name]
 
@@ -60,6 +66,7 @@ class _MemoryTransaction(EntryWriter):
         data = s.read(entry, source)
         d = s._live[self._entry]
         d.files[name] = d.durable_files[name] = data
+        d.stamps[name] = next(_STAMPS)
         return True
 
     def commit(self) -> None:
@@ -157,11 +164,9 @@ class MemoryStorage:
             raise FileNotFoundError(self.describe(entry, name)) from None
 
     def fingerprint(self, entry: str, name: str) -> object | None:
-        try:
-            data = self.read(entry, name)
-        except FileNotFoundError:
-            return None
-        return (id(data), len(data))  # bytes are replaced, never changed in place
+        """The file's write stamp (a new one for every write, process-wide)."""
+        stamp = self._live[entry].stamps.get(name) if entry in self._live else None
+        return None if stamp is None else (entry, name, stamp)
 
     def size(self, entry: str, name: str) -> int:
         return len(self.read(entry, name))

@@ -1,0 +1,128 @@
+"""Copying one committed step to another storage with that storage's commit protocol.
+
+Every tensor file first, each checked while it streams against the checksum its manifest
+records (a local file damaged since the save is never uploaded as good); a file that the
+destination's previous step holds with the same checksum is copied by the store itself;
+the manifest last, byte for byte. A step the destination holds already with the same
+manifest is left as it is. Each request that reaches the destination is retried on
+``OSError`` (a store's failures are ``StorageError``s), waiting ``backoff`` seconds before
+the first retry and doubling; a damaged local file is never retried.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from statekeeper.checkpoint.incremental import Reuser, previous_step
+from statekeeper.checkpoint.location import committed
+from statekeeper.checkpoint.naming import step_entry
+from statekeeper.errors import CorruptCheckpointError, StepNotFoundError
+from statekeeper.format.checksum import Buffer, Hasher
+from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest
+from statekeeper.storage.base import Storage, Transaction
+
+__all__ = ["Transfer", "upload_step"]
+
+_PIECE = 8 << 20  # bytes handed to the store per write call
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """How files move: at most ``concurrency`` at once, each request tried ``retries``
+    more times after a failure, waiting ``backoff`` seconds before the first retry."""
+
+    concurrency: int
+    retries: int
+    backoff: float
+
+    def attempt(self, call: Callable[[], T]) -> T:
+        for n in range(self.retries + 1):
+            try:
+                return call()
+            except CorruptCheckpointError:
+                raise  # the local copy is damaged: no retry can help
+            except OSError:
+                if n == self.retries:
+                    raise
+                time.sleep(self.backoff * 2**n)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _pieces(data: Buffer, hasher: Hasher) -> Iterator[memoryview]:
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), _PIECE):
+        piece = view[start : start + _PIECE]
+        hasher.update(piece)
+        yield piece
+
+
+def _copy(
+    local: Storage,
+    txn: Transaction,
+    reuser: Reuser,
+    entry: str,
+    name: str,
+    record: FileRecord,
+    transfer: Transfer,
+) -> None:
+    if transfer.attempt(lambda: reuser.reuse_known(name, record)) is not None:
+        return  # the destination's previous step has it: copied by the store
+    data = local.read(entry, name)
+
+    def once() -> None:
+        hasher = Hasher()
+        txn.write_chunks(name, _pieces(data, hasher))
+        if (hasher.size, hasher.hexdigest()) != (record.size, record.checksum):
+            raise CorruptCheckpointError(
+                local.describe(entry, name),
+                "differs from the checksum its manifest records: not uploaded",
+            )
+
+    transfer.attempt(once)
+
+
+def _same_there(remote: Storage, entry: str, manifest_bytes: bytes) -> bool:
+    try:
+        return bytes(remote.read(entry, MANIFEST)) == manifest_bytes
+    except (OSError, CorruptCheckpointError):
+        return False
+
+
+def upload_step(local: Storage, remote: Storage, step: int, transfer: Transfer) -> bool:
+    """Copy committed ``step`` of ``local`` to ``remote`` and commit it there; False when
+    ``remote`` held it already, byte for byte (nothing was done)."""
+    entry = step_entry(step)
+    try:
+        manifest_bytes = bytes(local.read(entry, MANIFEST))
+    except FileNotFoundError:
+        raise StepNotFoundError(
+            f"{local.describe(entry)} is no longer on the local tier: it cannot be uploaded"
+        ) from None
+    manifest = Manifest.from_bytes(local.describe(entry, MANIFEST), manifest_bytes)
+    exists = transfer.attempt(lambda: any(p.step == step for p in committed(remote)))
+    if exists and _same_there(remote, entry, manifest_bytes):
+        return False
+    with remote.writer_lock():
+        txn = transfer.attempt(lambda: remote.begin(entry, replace=exists))
+        try:
+            previous = transfer.attempt(lambda: previous_step(remote, step))
+            reuser = Reuser(remote, txn, previous, {})
+            with ThreadPoolExecutor(transfer.concurrency, "statekeeper-upload") as pool:
+                jobs = [
+                    pool.submit(_copy, local, txn, reuser, entry, name, record, transfer)
+                    for name, record in sorted(manifest.files.items())
+                ]
+                for job in jobs:
+                    job.result()
+            transfer.attempt(lambda: txn.write(MANIFEST, manifest_bytes))
+            transfer.attempt(txn.commit)
+        except BaseException:
+            txn.abort()
+            raise
+    reuser.committed(entry, dict(manifest.files), {})
+    return True

@@ -252,17 +252,19 @@ def mirror_rows(args: argparse.Namespace) -> dict[str, Any]:
         }
         times: dict[str, list[float]] = {n: [] for n in ckpts}
         names = list(ckpts)
-        for step in range(1, args.saves + 1):
-            train(model, opt)
-            k = step % len(names)
-            for name in names[k:] + names[:k]:
-                ckpts["local + mirror"].wait()  # its last upload is done: a quiet start
-                os.sync()
-                start = time.perf_counter()
-                ckpts[name].save(step, state)
-                times[name].append(time.perf_counter() - start)
-        for ckpt in ckpts.values():
-            ckpt.close()
+        try:
+            for step in range(1, args.saves + 1):
+                train(model, opt)
+                k = step % len(names)
+                for name in names[k:] + names[:k]:
+                    ckpts["local + mirror"].wait()  # its last upload is done: a quiet start
+                    os.sync()
+                    start = time.perf_counter()
+                    ckpts[name].save(step, state)
+                    times[name].append(time.perf_counter() - start)
+        finally:
+            for ckpt in ckpts.values():
+                ckpt.close()
         return {"times": times, "base_mib": args.mirror_base_mib}
     finally:
         server.kill()

@@ -199,6 +199,11 @@ class WriterConflictError(LocationError, BlockingIOError):
 class StorageError(LocationError):
     """The storage backend failed an operation."""
 
+    def __str__(self) -> str:
+        if self.errno is None and self.strerror is not None:
+            return str(self.strerror)  # no "[Errno None]" before the message
+        return super().__str__()
+
 
 class MirrorError(StorageError):
     """A committed step could not be copied to the mirror tier (after retries); it is intact

@@ -50,7 +50,7 @@ class S3Server:
 
     def __init__(self) -> None:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-        for key, value in CREDENTIALS.items():  # never a real account's
+        for key, value in CREDENTIALS.items():  # set when absent; requests go to localhost
             os.environ.setdefault(key, value)
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         self.port = 0

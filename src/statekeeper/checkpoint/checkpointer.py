@@ -45,6 +45,11 @@ __all__ = ["RNG_ENTRY", "Checkpointer"]
 RNG_ENTRY = "rng"
 
 
+def _require(name: str, value: object, kind: type, what: str) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise InvalidArgumentError(f"{name} must be {what}, got {value!r}")
+
+
 class Checkpointer:
     """Save and resume a training run in ``directory``.
 
@@ -86,18 +91,9 @@ class Checkpointer:
         incremental: Incremental = Incremental.REUSE,
         mirror: Mirror | None = None,
     ) -> None:
-        if keep is not None and not isinstance(keep, Retention):
-            raise InvalidArgumentError(
-                f"keep must be a retention policy such as KeepLatest(3), got {keep!r}"
-            )
-        if every is not None and not isinstance(every, SavePolicy):
-            raise InvalidArgumentError(
-                f"every must be a save policy such as EverySteps(100), got {every!r}"
-            )
-        if mirror is not None and not isinstance(mirror, Mirror):
-            raise InvalidArgumentError(
-                f"mirror must be a statekeeper.Mirror('s3://bucket/run', ...), got {mirror!r}"
-            )
+        _require("keep", keep, Retention, "a retention policy such as KeepLatest(3)")
+        _require("every", every, SavePolicy, "a save policy such as EverySteps(100)")
+        _require("mirror", mirror, Mirror, "a statekeeper.Mirror('s3://bucket/run', ...)")
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)

@@ -25,6 +25,7 @@ the same rounds).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -263,8 +264,9 @@ def mirror_rows(args: argparse.Namespace) -> dict[str, Any]:
                     ckpts[name].save(step, state)
                     times[name].append(time.perf_counter() - start)
         finally:
-            for ckpt in ckpts.values():
-                ckpt.close()
+            with contextlib.ExitStack() as stack:  # every one closed, whatever one raises
+                for ckpt in ckpts.values():
+                    stack.callback(ckpt.close)
         return {"times": times, "base_mib": args.mirror_base_mib}
     finally:
         server.kill()

@@ -328,3 +328,41 @@ def test_a_frozen_shard_is_checksummed_from_its_bytes_again_now_and_then(
             ckpt.save(step, state)
     frozen = [c for c in calls if "model/base.weight" in c]
     assert len(frozen) == 1  # once in RECHECK_EVERY saves, the marks are not enough
+
+
+def test_a_state_dict_hook_that_makes_new_tensors_is_checksummed(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 32)
+    model.requires_grad_(False)
+    model.register_buffer("scale", torch.ones(()))
+
+    def scaled(module: Any, sd: dict[str, Any], prefix: str, local: Any) -> None:
+        sd[prefix + "weight"] = module.weight * module.scale  # a new tensor every time
+
+    model._register_state_dict_hook(scaled)
+    for step in (1, 2, 3):
+        model.scale.fill_(float(step))
+        sk.save(tmp_path, {"model": model}, step=step)
+    assert torch.equal(sk.read(tmp_path)["model"]["weight"], model.weight * 3.0)
+    assert sk.verify(tmp_path).ok
+
+
+def test_a_frozen_tensor_that_shares_its_storage_with_another_gets_no_mark(
+    tmp_path: Path,
+) -> None:
+    model = torch.nn.Module()
+    model.frozen = torch.nn.Parameter(torch.zeros(4096), requires_grad=False)
+    model.register_buffer("bits", model.frozen.data.view(torch.int32))  # same bytes
+    for step in (1, 2, 3):
+        model.bits[step] += 7  # a write the frozen parameter's counter never sees
+        sk.save(tmp_path, {"model": model}, step=step)
+    got = sk.read(tmp_path)["model"]
+    assert torch.equal(got["frozen"], model.frozen) and torch.equal(got["bits"], model.bits)
+
+
+def test_a_frozen_conjugate_parameter_saves(tmp_path: Path) -> None:
+    model = torch.nn.Module()
+    model.z = torch.nn.Parameter(torch.randn(8, dtype=torch.complex64).conj(), False)
+    for step in (1, 2):
+        sk.save(tmp_path, {"model": model}, step=step)
+    assert torch.equal(sk.read(tmp_path)["model"]["z"], model.z.resolve_conj())

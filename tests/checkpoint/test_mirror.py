@@ -294,6 +294,12 @@ def test_a_preemption_saves_at_once_without_waiting_for_uploads(
         lora_step(adapter, opt)
         ckpt.maybe_save(2, state)  # saves now: the held upload does not block it
         assert ckpt.preempted and steps(tmp_path) == [1, 2]
+        status = ckpt.mirror_status()
+        assert status is not None and status.uploading == 1  # still held: nothing waited
+        fresh, _, _ = lora_state(width=128)
+        assert ckpt.restore_latest(fresh) == 2  # a resume does not wait for uploads either
+        status = ckpt.mirror_status()
+        assert status is not None and status.uploading == 1
         release.set()
     assert steps(remote) == [1, 2]  # close() waited for both uploads
 
@@ -326,3 +332,24 @@ def test_an_unreachable_mirror_does_not_stop_a_resume(
             assert ckpt.restore_latest(fresh) == 1  # the local tier alone
     finally:
         s3_server.start()
+
+
+class _BrokenPolicy(sk.KeepLatest):
+    def keep(self, checkpoints: Any) -> set[int]:
+        raise ValueError("a bug in a retention policy (injected)")
+
+
+def test_a_mirror_retention_policy_that_fails_neither_hangs_nor_loses_the_upload(
+    tmp_path: Path, remote: sk.FsspecStorage
+) -> None:
+    state, adapter, opt = lora_state(width=128)
+    mirror = sk.Mirror(remote, keep=_BrokenPolicy(1))
+    with sk.Checkpointer(tmp_path, mirror=mirror) as ckpt:
+        for step in (1, 2):
+            lora_step(adapter, opt)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ckpt.save(step, state)
+                ckpt.wait()  # returns: the uploader thread survived the policy's error
+            assert any("retention on the mirror" in str(w.message) for w in caught)
+    assert steps(remote) == [1, 2]

@@ -260,7 +260,12 @@ class Checkpointer:
     def _retention(self, info: CheckpointInfo) -> None:
         if self._leader:  # in a job, rank 0 applies retention for everyone
             self._retain(info.step)  # keeps the new step (the newest) and those waiting
-        if self._uploader is not None and not is_distributed(self._scope):
+        if self._uploader is not None:
+            if is_distributed(self._scope):  # torch.distributed began after this Checkpointer
+                raise InvalidArgumentError(
+                    f"step {info.step} is saved, but mirror= is for single-process runs: "
+                    "create the Checkpointer after init_process_group(), without mirror="
+                )
             self._uploader.submit(info.step)  # last: the upload starts as the save returns
 
     def wait(self) -> CheckpointInfo | None:

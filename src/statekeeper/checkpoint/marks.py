@@ -13,19 +13,20 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 import xxhash
 
 from statekeeper.storage.base import Storage
 
-__all__ = ["Mark", "Memo", "steady_names"]
+__all__ = ["Mark", "Memo", "frozen_marks", "steady_names"]
 
 _SAMPLES = 16
 _SAMPLE_BYTES = 4096
@@ -41,6 +42,7 @@ class Memo(Generic[K, V]):
         self._limit = limit
         self._data: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
+        _memos.add(self)
 
     def get(self, key: K) -> V | None:
         with self._lock:
@@ -68,6 +70,20 @@ class Memo(Generic[K, V]):
             self._data.clear()
 
 
+_memos: weakref.WeakSet[Memo[Any, Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A lock held by a thread of the parent at the fork would never be released in the
+    child: every memo gets a new one."""
+    for memo in list(_memos):
+        memo._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @dataclass(frozen=True, eq=False)
 class Mark:
     """A tensor's storage (weakly held), place, layout, version counter and sampled bytes."""
@@ -84,7 +100,7 @@ class Mark:
         counter (an inference tensor)."""
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or not t.is_cpu:
             return None
-        if not t.is_contiguous() or t.numel() == 0:
+        if not t.is_contiguous() or t.numel() == 0 or t.is_conj() or t.is_neg():
             return None
         try:
             version = t._version
@@ -103,6 +119,32 @@ class Mark:
             and (self.layout, self.version, self.sample)
             == (other.layout, other.version, other.sample)
         )
+
+
+def frozen_marks(stored: Mapping[str, torch.Tensor], frozen: Collection[str]) -> dict[str, Mark]:
+    """Marks of the frozen tensors about to be written (the tensors themselves, as the state
+    dict gives them: a hook's new tensor gets a new storage and never keeps its mark). A
+    tensor whose storage another tensor of the state shares (a view in another dtype, a
+    slice) gets none: a write through the other moves no counter of its own."""
+
+    def key(t: torch.Tensor) -> int | None:
+        try:
+            return int(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    users: dict[int | None, int] = {}
+    for t in stored.values():
+        users[key(t)] = users.get(key(t), 0) + 1
+    marks: dict[str, Mark] = {}
+    for name in frozen:
+        found = stored.get(name)
+        if found is None or key(found) is None or users[key(found)] != 1:
+            continue
+        mark = Mark.of(found)
+        if mark is not None:
+            marks[name] = mark
+    return marks
 
 
 def _sample(t: torch.Tensor) -> int:

@@ -34,7 +34,6 @@ from statekeeper.checkpoint.upload import Transfer, upload_step
 from statekeeper.errors import (
     InvalidArgumentError,
     MirrorError,
-    StatekeeperError,
     StatekeeperWarning,
     user_stacklevel,
 )
@@ -122,10 +121,9 @@ class Uploader:
                 if s not in self._queue and s != self._uploading:
                     self._queue.append(s)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="statekeeper-mirror", daemon=False
-                )
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="statekeeper-mirror")
+                thread.start()  # not a daemon: queued uploads finish before the process exits
+                self._thread = thread
             self._cond.notify_all()
 
     def pending(self) -> set[int]:
@@ -188,33 +186,41 @@ class Uploader:
             warnings.warn(f"statekeeper: {exc}", StatekeeperWarning, stacklevel=2)
 
     def _run(self) -> None:
-        while True:
+        try:
+            while self._next():
+                pass
+        finally:  # whatever happened, nobody waits for this thread any more
             with self._cond:
-                if not self._queue:
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
-                step = self._queue.popleft()
-                self._uploading = step
-                self._attempts[step] = self._attempts.get(step, 0) + 1
-            error: BaseException | None = None
-            try:
-                upload_step(self.local, self.remote, step, self._transfer)
-            except Exception as exc:  # kept, warned about and raised by wait(): never lost
-                error = exc
-            if error is None:
-                self._retain(step)  # before wait() can return: the tier is as it will stay
-            with self._cond:
+                self._thread = None
                 self._uploading = None
-                if error is None:
-                    self._failed.pop(step, None)
-                    self._attempts.pop(step, None)
-                    self._uploaded = step if self._uploaded is None else max(self._uploaded, step)
-                else:
-                    self._failed[step] = error
-                    self._unreported.append(step)
-                    self._unwarned.append(step)
                 self._cond.notify_all()
+
+    def _next(self) -> bool:
+        """Upload the next queued step; False when the queue is empty."""
+        with self._cond:
+            if not self._queue:
+                return False
+            step = self._queue.popleft()
+            self._uploading = step
+            self._attempts[step] = self._attempts.get(step, 0) + 1
+        error: BaseException | None = None
+        try:
+            upload_step(self.local, self.remote, step, self._transfer)
+            self._retain(step)  # before wait() can return: the tier is as it will stay
+        except Exception as exc:  # kept, warned about and raised by wait(): never lost
+            error = exc
+        with self._cond:
+            self._uploading = None
+            if error is None:
+                self._failed.pop(step, None)
+                self._attempts.pop(step, None)
+                self._uploaded = step if self._uploaded is None else max(self._uploaded, step)
+            else:
+                self._failed[step] = error
+                self._unreported.append(step)
+                self._unwarned.append(step)
+            self._cond.notify_all()
+        return True
 
     def _retain(self, step: int) -> None:
         """The mirror's retention; a failure there is warned about (the step is uploaded)."""
@@ -222,7 +228,7 @@ class Uploader:
             return
         try:
             apply_retention(self.remote, self.mirror.keep, protect={step})
-        except (OSError, StatekeeperError) as exc:
+        except Exception as exc:  # a policy's own bug included: the upload stands
             warnings.warn(
                 f"statekeeper: retention on the mirror {self.remote.describe()} failed after "
                 f"step {step} ({exc}); it runs again after the next upload",

@@ -22,7 +22,7 @@ from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
-from statekeeper.checkpoint.marks import Mark, steady_names
+from statekeeper.checkpoint.marks import frozen_marks, steady_names
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.writer import Prepared, commit, prepare
@@ -33,7 +33,7 @@ from statekeeper.state.modules import unwrap
 from statekeeper.state.rng import RNGState
 from statekeeper.storage.base import Storage
 
-__all__ = ["capture", "frozen_marks", "save", "save_state"]
+__all__ = ["capture", "frozen_names", "save", "save_state"]
 
 OnCommit = Callable[[CheckpointInfo], None]
 
@@ -71,17 +71,14 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
     return {name: captured[name] for name in state}
 
 
-def frozen_marks(state: Mapping[str, Any], marked: bool) -> dict[str, Mark | None]:
-    """Parameters that do not require grad, by tensor name (stored in shards of their own),
-    each with its :class:`~statekeeper.checkpoint.marks.Mark` when ``marked`` (None when it
-    has none)."""
-    marks: dict[str, Mark | None] = {}
+def frozen_names(state: Mapping[str, Any]) -> frozenset[str]:
+    """Tensor names of parameters that do not require grad (stored in shards of their own)."""
+    names: set[str] = set()
     for name, obj in state.items():
         if adapter_for(obj).kind is Kind.MODULE:
-            for p, param in unwrap(obj).named_parameters():
-                if not param.requires_grad:
-                    marks[f"{name}/{p}"] = Mark.of(param) if marked else None
-    return marks
+            params = unwrap(obj).named_parameters()
+            names.update(f"{name}/{p}" for p, param in params if not param.requires_grad)
+    return frozenset(names)
 
 
 def save_state(
@@ -120,9 +117,7 @@ def save_state(
             )
         info = collective().save(storage, state, step=step, metrics=metrics, options=options)
     else:
-        reuse = options.incremental is Incremental.REUSE
-        marks = frozen_marks(state, reuse)  # in the caller: before a background save stages
-        options = replace(options, frozen=frozenset(marks), marks=marks)
+        options = replace(options, frozen=frozen_names(state))
         if writer is not None:
             prepared = writer.prepare(capture(state), metrics)  # plan cache: less stall
             options = _grouped(storage, prepared, options)
@@ -139,11 +134,17 @@ def save_state(
 
 
 def _grouped(storage: Storage, prepared: Prepared, options: SaveOptions) -> SaveOptions:
-    """``options`` with the tensors found unchanged since the last save (``steady``), for
-    an incremental save; taken from the live tensors, before any staging."""
+    """``options`` with what an incremental save remembers, taken from the tensors it will
+    write (live ones, before any staging): the tensors unchanged since the last save
+    (``steady``), and the marks of the frozen ones."""
     if options.incremental is not Incremental.REUSE:
         return options
-    return replace(options, steady=steady_names(storage, prepared.stored))
+    stored = prepared.stored
+    return replace(
+        options,
+        steady=steady_names(storage, stored),
+        marks=frozen_marks(stored, options.frozen),
+    )
 
 
 # A one-off background save per run directory, until it is reported: the next save there

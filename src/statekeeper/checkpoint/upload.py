@@ -86,10 +86,12 @@ def _copy(
     transfer.attempt(once)
 
 
-def _same_there(remote: Storage, entry: str, manifest_bytes: bytes) -> bool:
+def _same_there(remote: Storage, entry: str, manifest_bytes: bytes, transfer: Transfer) -> bool:
+    """Whether ``remote`` holds the step with these manifest bytes. A read that keeps
+    failing raises: a committed copy is never replaced on a guess."""
     try:
-        return bytes(remote.read(entry, MANIFEST)) == manifest_bytes
-    except (OSError, CorruptCheckpointError):
+        return bytes(transfer.attempt(lambda: remote.read(entry, MANIFEST))) == manifest_bytes
+    except FileNotFoundError:
         return False
 
 
@@ -105,7 +107,7 @@ def upload_step(local: Storage, remote: Storage, step: int, transfer: Transfer) 
         ) from None
     manifest = Manifest.from_bytes(local.describe(entry, MANIFEST), manifest_bytes)
     exists = transfer.attempt(lambda: any(p.step == step for p in committed(remote)))
-    if exists and _same_there(remote, entry, manifest_bytes):
+    if exists and _same_there(remote, entry, manifest_bytes, transfer):
         return False
     with remote.writer_lock():
         txn = transfer.attempt(lambda: remote.begin(entry, replace=exists))

@@ -76,7 +76,7 @@ def _translated(doing: str) -> Callable[[_Method], _Method]:
             try:
                 return method(self, *args, **kwargs)
             except _Produced as exc:  # the caller's chunks failed, not the store
-                raise exc.original from None
+                raise exc.original from exc.original.__cause__
             except (StatekeeperError, FileNotFoundError, NotImplementedError):
                 raise
             except Exception as exc:

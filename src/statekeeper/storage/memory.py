@@ -165,7 +165,8 @@ class MemoryStorage:
 
     def fingerprint(self, entry: str, name: str) -> object | None:
         """The file's write stamp (a new one for every write, process-wide)."""
-        stamp = self._live[entry].stamps.get(name) if entry in self._live else None
+        found = self._live.get(entry)
+        stamp = None if found is None else found.stamps.get(name)
         return None if stamp is None else (entry, name, stamp)
 
     def size(self, entry: str, name: str) -> int:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,21 @@ from statekeeper.storage import fsspec as fsspec_storage
 @pytest.fixture
 def remote(s3_server: S3Server) -> sk.FsspecStorage:
     return sk.FsspecStorage(f"s3://{s3_server.new_bucket()}/run", **s3_server.options)
+
+
+@pytest.fixture
+def release(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Every upload waits until the test sets the event (then goes on as usual)."""
+    event = threading.Event()
+    real = mirror_module.upload_step
+
+    def held(*args: Any) -> bool:
+        event.wait(timeout=120)  # a hang guard only: the test sets it
+        return real(*args)
+
+    monkeypatch.setattr(mirror_module, "upload_step", held)
+    yield event
+    event.set()
 
 
 def read_line(child: Any) -> str:
@@ -62,16 +78,8 @@ def test_every_committed_step_reaches_the_mirror_byte_for_byte(
 
 
 def test_each_tier_keeps_its_own_steps_and_waiting_steps_stay_local(
-    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, remote: sk.FsspecStorage, release: threading.Event
 ) -> None:
-    release = threading.Event()
-    real = mirror_module.upload_step
-
-    def held(*args: Any) -> bool:
-        release.wait(timeout=120)  # a hang guard only: the test sets it
-        return real(*args)
-
-    monkeypatch.setattr(mirror_module, "upload_step", held)
     state, adapter, opt = lora_state(width=128)
     mirror = sk.Mirror(remote, keep=sk.KeepEvery(2))
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), mirror=mirror) as ckpt:
@@ -273,18 +281,10 @@ def test_a_mirror_on_another_local_disk_works_the_same(tmp_path: Path) -> None:
 
 
 def test_a_preemption_saves_at_once_without_waiting_for_uploads(
-    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, remote: sk.FsspecStorage, release: threading.Event
 ) -> None:
     import signal
 
-    release = threading.Event()
-    real = mirror_module.upload_step
-
-    def held(*args: Any) -> bool:
-        release.wait(timeout=120)  # a hang guard only: the test sets it
-        return real(*args)
-
-    monkeypatch.setattr(mirror_module, "upload_step", held)
     state, adapter, opt = lora_state(width=128)
     every = sk.EverySteps(100) | sk.OnSignal(signal.SIGUSR1)
     with sk.Checkpointer(tmp_path, every=every, mirror=sk.Mirror(remote)) as ckpt:

@@ -2,7 +2,7 @@
 never sideways, not even inside a function), and no two modules import each other.
 
     errors, progress, extensions  <  storage  <  format  <  state  <  checkpoint  <
-    distributed  <  {averaging, interop, data}  <  doctor  <  testing  <  cli
+    distributed  <  {averaging, interop, data}  <  {doctor, integrations}  <  testing  <  cli
 
 The package root (``statekeeper/__init__.py``) is the one exception: it is the public facade
 above every layer, loads names on first use, and hands the core its extensions.
@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "interop": 6,
     "data": 6,
     "doctor": 7,
+    "integrations": 7,
     "testing": 8,
     "cli": 9,
     "__main__": 9,

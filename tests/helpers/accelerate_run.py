@@ -1,15 +1,19 @@
-"""A tiny Accelerate training run that checkpoints through statekeeper every 3 steps.
+"""A tiny Accelerate training run that checkpoints through statekeeper.
 
-Usage: python -m tests.helpers.accelerate_run PROJECT_DIR OUT_FILE [resume]. Trains 12 steps
-of a small model with dropout (draws from torch's RNG), Adam, a LR schedule and a shuffled
-stateful data loader (Accelerate's seedable sampler), saving with
-``statekeeper.integrations.accelerate.save_state`` after steps 3, 6, 9; prints ``step N``
-after each step. With ``resume`` it first loads the newest step with ``load_state``. At the
-end it writes every parameter, the optimizer's moments and one more random draw to OUT_FILE.
+Usage: python -m tests.helpers.accelerate_run PROJECT_DIR OUT_FILE EVERY KILL_AFTER
+[resume]. Trains 20 steps (8 batches an epoch, so across three epochs) of a small model
+with dropout (draws from torch's RNG), Adam, a LR schedule and a shuffled stateful loader
+(Accelerate's seedable sampler, no generator of its own), saving with
+``statekeeper.integrations.accelerate.save_state`` every EVERY steps. After step KILL_AFTER
+(0: never) it SIGKILLs itself. With ``resume`` it first loads the newest step with
+``load_state``. At the end it writes every parameter, the optimizer's moments, the steps it
+trained and one more random draw to OUT_FILE.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import torch
@@ -20,12 +24,11 @@ from torch.utils.data import TensorDataset
 
 from statekeeper.integrations.accelerate import load_state, save_state
 
-STEPS = 12
+STEPS = 20
 
 
 def main() -> None:
-    project, out = sys.argv[1], sys.argv[2]
-    resume = sys.argv[3:4] == ["resume"]
+    project, out, every, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     accelerator = Accelerator(
         cpu=True,
         project_config=ProjectConfiguration(
@@ -40,28 +43,31 @@ def main() -> None:
     model = torch.nn.Sequential(*layers)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
-    data = TensorDataset(torch.randn(96, 8), torch.randn(96, 1))
-    shuffle = torch.Generator().manual_seed(7)  # a generator of its own: an order that resumes
-    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, generator=shuffle)
+    data = TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
-    done = 0
-    if resume:
-        done = load_state(accelerator).step
-    batches = iter(loader)
-    for step in range(done + 1, STEPS + 1):
-        x, y = next(batches)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        if step % 3 == 0 and step < STEPS:
-            save_state(accelerator, step=step)
-        print(f"step {step}", flush=True)
+    step = load_state(accelerator).step if sys.argv[5:6] == ["resume"] else 0
+    trained = []
+    while step < STEPS:
+        for x, y in loader:
+            step += 1
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            trained.append(step)
+            if step % every == 0 and step < STEPS:
+                save_state(accelerator, step=step)
+            if step == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)  # a hard kill, right after that step
+            if step == STEPS:
+                break
     final = {f"param/{k}": v.detach().clone() for k, v in model.state_dict().items()}
     for i, s in enumerate(opt.optimizer.state.values()):
         final |= {f"adam/{i}/{k}": v.clone() for k, v in s.items() if torch.is_tensor(v)}
     final["draw"] = torch.rand(4)
+    final["trained"] = torch.tensor(trained)
     save_file({k: v.contiguous() for k, v in final.items()}, out)
 
 

@@ -1,13 +1,13 @@
 """Accelerate saving through statekeeper: a run killed mid-way and resumed through
-``load_state`` ends bitwise identical to a run that never stopped."""
+``load_state`` ends bitwise identical to a run that never stopped, within an epoch and at
+an epoch's end."""
 
 from __future__ import annotations
 
-import select
-import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from tests.helpers import launcher
@@ -17,34 +17,51 @@ import statekeeper as sk
 RUN = [sys.executable, "-m", "tests.helpers.accelerate_run"]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return launcher.run([*RUN, *args], cwd=launcher.ROOT, capture_output=True, text=True)
+def _run(project: Path, out: Path, every: int, kill: int, *more: str) -> int:
+    args = [*RUN, str(project), str(out), str(every), str(kill), *more]
+    done = launcher.run(args, cwd=launcher.ROOT, capture_output=True, text=True)
+    assert done.returncode in (0, -9), done.stderr
+    return done.returncode
 
 
-def test_a_killed_accelerate_run_resumes_bitwise(tmp_path: Path) -> None:
-    straight = _run(str(tmp_path / "straight"), str(tmp_path / "straight.safetensors"))
-    assert straight.returncode == 0, straight.stderr
+@pytest.mark.parametrize(
+    ("every", "kill", "kept"),
+    [(3, 13, [9, 12]), (4, 17, [12, 16])],  # resumed mid-epoch 1, then at epoch 1's end
+)
+def test_a_killed_accelerate_run_resumes_bitwise(
+    tmp_path: Path, every: int, kill: int, kept: list[int]
+) -> None:
+    assert _run(tmp_path / "straight", tmp_path / "straight.st", every, 0) == 0
     project = tmp_path / "killed"
-    child = launcher.Popen(
-        [*RUN, str(project), str(tmp_path / "unused.safetensors")],
-        cwd=launcher.ROOT, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert child.stdout is not None
-    while True:  # killed after step 8: step 6 is the newest committed
-        ready, _, _ = select.select([child.stdout], [], [], 120)  # a hang guard only
-        assert ready, "the run printed nothing in 120 s"
-        if child.stdout.readline().strip() == "step 8":
-            break
-    child.kill()
-    child.wait()
+    assert _run(project, tmp_path / "unused.st", every, kill) == -9  # SIGKILL after `kill`
     run = project / "checkpoints"
-    assert [i.step for i in sk.list_checkpoints(run)] == [3, 6]  # total_limit=2
-    resumed = _run(str(project), str(tmp_path / "resumed.safetensors"), "resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert "step 7" in resumed.stdout and "step 1\n" not in resumed.stdout
-    a = load_file(str(tmp_path / "straight.safetensors"))
-    b = load_file(str(tmp_path / "resumed.safetensors"))
+    assert [i.step for i in sk.list_checkpoints(run)] == kept  # total_limit=2
+    assert _run(project, tmp_path / "resumed.st", every, 0, "resume") == 0
+    a = load_file(str(tmp_path / "straight.st"))
+    b = load_file(str(tmp_path / "resumed.st"))
+    assert b["trained"].tolist() == list(range(kept[-1] + 1, 21))  # from the newest step on
     assert a.keys() == b.keys() and any(k.startswith("adam/") for k in a)
-    for key in a:
+    for key in a.keys() - {"trained"}:
         assert torch.equal(a[key], b[key]), key
     assert sk.verify(run).ok  # what the framework saved is an ordinary statekeeper run
+
+
+def test_the_default_loaders_and_plain_shuffling_are_handled(tmp_path: Path) -> None:
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from statekeeper.integrations.accelerate import load_state, save_state
+
+    data = TensorDataset(torch.randn(16, 2))
+    plain = Accelerator(cpu=True)  # loaders keep no position: saved without them
+    model = plain.prepare(torch.nn.Linear(2, 2))
+    plain.prepare(DataLoader(data, batch_size=4, shuffle=True))
+    save_state(plain, tmp_path / "a", step=5)
+    assert load_state(plain, tmp_path / "a").step == 5
+    assert "dataloader" not in sk.read(tmp_path / "a") and model is not None
+    stateful = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
+    )
+    stateful.prepare(DataLoader(data, batch_size=4, shuffle=True))
+    with pytest.raises(sk.InvalidArgumentError, match="use_seedable_sampler=True"):
+        save_state(stateful, tmp_path / "b", step=1)

@@ -29,6 +29,7 @@ from statekeeper.checkpoint.policies import KeepLatest
 from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.integrations.accelerate_loaders import AccelerateLoader, stateful_loaders
 from statekeeper.state.rng import RNGState
 from statekeeper.storage.local import LocalStorage
 
@@ -42,8 +43,37 @@ def _inner(obj: Any, attribute: str) -> Any:
     return getattr(obj, attribute, obj)
 
 
+_UNSUPPORTED = {"DEEPSPEED", "MEGATRON_LM", "XLA"}
+
+
+def _check(accelerator: Any) -> None:
+    """Refuse what this integration would save wrong or not at all."""
+    kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    fsdp1 = kind == "FSDP" and not getattr(accelerator, "is_fsdp2", False)
+    if kind in _UNSUPPORTED or fsdp1:
+        raise InvalidArgumentError(
+            f"statekeeper.integrations.accelerate does not support {kind}"
+            f"{' (FSDP1: use FSDP2, fsdp_version=2)' if fsdp1 else ''} yet; use "
+            "accelerator.save_state / load_state there"
+        )
+    hooks = getattr(accelerator, "_save_model_state_pre_hook", {}) or getattr(
+        accelerator, "_load_model_state_pre_hook", {}
+    )
+    if hooks:
+        raise InvalidArgumentError(
+            "the accelerator has save/load state pre-hooks (register_save_state_pre_hook...), "
+            "which statekeeper's save and load do not call; use accelerator.save_state there"
+        )
+    if accelerator.project_configuration.save_on_each_node and accelerator.num_processes > 1:
+        raise InvalidArgumentError(
+            "ProjectConfiguration(save_on_each_node=True) (node-local disks) is not supported: "
+            "a statekeeper job saves into one directory that every rank can write"
+        )
+
+
 def state_of(accelerator: Any) -> dict[str, Any]:
     """The app state of ``accelerator``: what its ``save_state`` would save, by name."""
+    _check(accelerator)
     state: dict[str, Any] = {}
     for i, model in enumerate(accelerator._models):
         state[f"model_{i}" if i else "model"] = accelerator.unwrap_model(model)
@@ -53,9 +83,9 @@ def state_of(accelerator: Any) -> dict[str, Any]:
         state[f"scheduler_{i}" if i else "scheduler"] = _inner(scheduler, "scheduler")
     if getattr(accelerator, "scaler", None) is not None:
         state["scaler"] = accelerator.scaler
-    stateful = [d for d in accelerator._dataloaders if hasattr(d, "state_dict")]
-    for i, loader in enumerate(stateful):
-        state[f"dataloader_{i}" if i else "dataloader"] = loader
+    for i, loader in enumerate(stateful_loaders(accelerator)):
+        name = f"dataloader_{i}" if i else "dataloader"
+        state[name] = AccelerateLoader(name, loader)
     for i, obj in enumerate(accelerator._custom_objects):
         state[f"custom_{i}"] = obj
     state["rng"] = RNGState()
@@ -80,16 +110,21 @@ def save_state(
     output_dir: str | os.PathLike[str] | None = None,
     *,
     step: int | None = None,
+    overwrite: bool = False,
 ) -> CheckpointInfo:
     """Save ``accelerator``'s state as a step of the run ``output_dir`` (see the module
-    docstring); rank 0 commits in a multi-process job, every rank takes part."""
+    docstring). Call it on every process: in a multi-process job the save is collective and
+    the main process commits. ``step`` (the training step, say) overrides the
+    configuration's ``iteration`` and sets it past itself; ``overwrite`` replaces a step
+    that exists."""
     run, automatic = _where(accelerator, output_dir)
     config = accelerator.project_configuration
     number = step if step is not None else int(config.iteration)
-    info = save(run, state_of(accelerator), step=number)
-    if automatic and config.total_limit is not None and accelerator.is_main_process:
-        apply_retention(LocalStorage(run), KeepLatest(int(config.total_limit)))
+    info = save(run, state_of(accelerator), step=number, overwrite=overwrite)
     config.iteration = number + 1
+    if automatic and config.total_limit is not None and accelerator.is_main_process:
+        limit = KeepLatest(int(config.total_limit))
+        apply_retention(LocalStorage(run), limit, protect=(number,))
     return info
 
 
@@ -99,7 +134,8 @@ def load_state(
     *,
     step: int | None = None,
 ) -> RestoreInfo:
-    """Restore ``accelerator``'s state from the newest step of ``input_dir`` (or ``step``)."""
+    """Restore ``accelerator``'s state from the newest step of ``input_dir`` (or ``step``).
+    Call it on every process (in a multi-process job the load is collective)."""
     run, _ = _where(accelerator, input_dir)
     state: MutableMapping[str, Any] = state_of(accelerator)
     info = load(run, state, step=step)

@@ -1,0 +1,75 @@
+"""Accelerate's data loaders (``DataLoaderShard`` over torchdata's ``StatefulDataLoader``)
+as state that resumes the exact order, within an epoch and across epochs.
+
+Accelerate keeps two things outside the loader's own state: the epoch (its
+``iteration``, which seeds the ``SeedableRandomSampler`` of ``use_seedable_sampler=True``
+with ``initial_seed + epoch``) and the sampler's generator, made on its first pass. So a
+loader is saved with its epoch, and restored by setting the epoch back (the next one when
+the saved pass had ended), giving the sampler its generator when it has none yet, and
+building the resumed iterator at once: it draws its seed from torch's global generator,
+which the restore sets back afterwards, as it was when the run saved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from statekeeper.data.torchdata import UNRESUMABLE_SAMPLERS
+from statekeeper.errors import InvalidArgumentError
+
+__all__ = ["AccelerateLoader", "stateful_loaders"]
+
+
+def _samplers(loader: Any) -> list[Any]:
+    outer = getattr(loader, "batch_sampler", None)
+    found = [
+        getattr(outer, "sampler", None),
+        getattr(getattr(outer, "batch_sampler", None), "sampler", None),
+    ]
+    return [s for s in found if s is not None]
+
+
+def _with_generator(loader: Any) -> None:
+    """A seedable sampler that has not made its generator yet gets it now, as its first
+    pass would (it reseeds it at every pass)."""
+    for sampler in _samplers(loader):
+        if hasattr(sampler, "initial_seed") and getattr(sampler, "generator", 1) is None:
+            sampler.generator = torch.Generator().manual_seed(int(sampler.initial_seed))
+
+
+class AccelerateLoader:
+    """A prepared data loader of Accelerate's, as a ``state_dict`` / ``load_state_dict``
+    object: its torchdata state and its epoch."""
+
+    def __init__(self, name: str, loader: Any) -> None:
+        self.name = name
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:
+        for sampler in _samplers(self.loader):
+            if type(sampler) in UNRESUMABLE_SAMPLERS:
+                raise InvalidArgumentError(
+                    f"data loader {self.name!r} shuffles with torch's {type(sampler).__name__}, "
+                    "which draws a new order when made again, so a resumed run would see other "
+                    "batches. Pass DataLoaderConfiguration(use_stateful_dataloader=True, "
+                    "use_seedable_sampler=True) to the Accelerator"
+                )
+        _with_generator(self.loader)
+        return {"loader": self.loader.state_dict(), "epoch": int(self.loader.iteration)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _with_generator(self.loader)
+        own = state["loader"]
+        self.loader.load_state_dict(own)
+        ended = bool(own.get("_iterator_finished", False))
+        self.loader.set_epoch(int(state["epoch"]) + (1 if ended else 0))
+        base = getattr(self.loader, "base_dataloader", None)
+        if base is not None:
+            base.state_dict()  # builds the resumed iterator now, before the RNG is restored
+
+
+def stateful_loaders(accelerator: Any) -> list[Any]:
+    """The prepared loaders that keep a position (Accelerate's own test for saving one)."""
+    return [d for d in accelerator._dataloaders if getattr(d, "use_stateful_dataloader", False)]

@@ -1,0 +1,111 @@
+"""Lightning (``Trainer``): every checkpoint written as a statekeeper step.
+
+``StatekeeperCheckpointIO`` is a ``CheckpointIO`` plugin: the file Lightning asks for
+(``epoch=1-step=300.ckpt``, ``last.ckpt``) becomes a directory of that name holding one
+committed statekeeper step (atomic, checksummed, no pickle), numbered by the checkpoint's
+``global_step``. ``ModelCheckpoint`` finds, keeps and removes such directories as it does
+files, and ``trainer.fit(..., ckpt_path="last")`` loads them. ``StatekeeperCallback`` adds
+what Lightning's own checkpoint leaves out for an exact resume: every RNG (Python, numpy,
+torch, CUDA), restored when the checkpoint is loaded.
+
+What a checkpoint holds must be storable without pickle: tensors, numbers, strings, lists,
+tuples, dicts. Hyper-parameters (``save_hyperparameters``) are stored when they are such
+values (Lightning's ``AttributeDict`` is stored as a plain dict); anything else (an
+``argparse.Namespace``, a class, a function) is refused with an ``UnsupportedValueError``
+naming it: pass ``save_hyperparameters(ignore=[...])`` for it, or store plain values.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+from pytorch_lightning.callbacks import Callback
+
+from statekeeper.checkpoint.location import committed, resolve_storage
+from statekeeper.checkpoint.save import save
+from statekeeper.interop.reading import read
+from statekeeper.state.rng import RNGState
+
+__all__ = ["StatekeeperCallback", "StatekeeperCheckpointIO"]
+
+_RNG = "statekeeper_rng"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with dict subclasses (``AttributeDict``) as dicts; an OrderedDict stays."""
+    if isinstance(value, dict) and type(value) not in (dict, OrderedDict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value) is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_plain(v) for v in value]
+    return value
+
+
+class StatekeeperCheckpointIO(CheckpointIO):
+    """Lightning checkpoints as statekeeper steps (see the module docstring)."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError("StatekeeperCheckpointIO takes no storage_options")
+        run = Path(path)
+        step = int(checkpoint.get("global_step", 0))
+        save(run, _plain(checkpoint), step=step, overwrite=True)
+        storage = resolve_storage(run)
+        for entry in committed(storage):  # a name saved again (last.ckpt) keeps one step
+            if entry.step != step:
+                storage.remove(entry.name)
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        map_location: Any = None,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        loaded: dict[str, Any] = read(Path(path))
+        return loaded
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        target = Path(path)
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+class StatekeeperCallback(Callback):
+    """Saves every RNG with each checkpoint, and restores them where the run that saved
+    stood: for a checkpoint saved mid-epoch, as the first batch after the resume starts
+    (after Lightning has made the data iterator, which draws from torch's generator, as the
+    saving run had made it before it saved); for one saved as an epoch ended, as the next
+    epoch starts (before its iterator is made, as in the saving run)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint[_RNG] = RNGState().state_dict()
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self._pending = checkpoint.get(_RNG)
+
+    def _restore(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            RNGState().load_state_dict(pending)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
+            self._restore()  # a new epoch: saved as the last one ended
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._restore()  # saved mid-epoch: its iterator was made before it saved

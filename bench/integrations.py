@@ -8,6 +8,9 @@ all) and times, in alternating order, per framework:
   RNG, no fsync) against ``statekeeper.integrations.accelerate.save_state`` (one
   checksummed statekeeper step, fsynced); and the same Accelerate save followed by
   ``os.sync()``, so that both are durable when the time stops.
+- Lightning: ``trainer.save_checkpoint`` with Lightning's default ``TorchCheckpointIO`` (one
+  ``torch.save`` file, no fsync), with and without ``os.sync()``, against the same call
+  on a Trainer with ``StatekeeperCheckpointIO``.
 
 Each save goes to a new directory (removed after the round). Reported: the median (min-max)
 per contender and statekeeper's time as a multiple of each Accelerate row's.
@@ -58,20 +61,85 @@ def _accelerate_rows(args: argparse.Namespace, root: Path) -> dict[str, list[flo
         "Accelerate save_state + sync": accelerate(True),
         "statekeeper": lambda path: save_state(accelerator, path, step=0),
     }
+    return _rounds(args, root, contenders)
+
+
+def _lightning_rows(args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
+    import pytorch_lightning as pl
+
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO
+
+    width = 1024
+    layers = max(1, args.size_mib * MIB // (4 * width * width))
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            out: torch.Tensor = self.net(batch[0]).sum()
+            return out
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters())
+
+    def trained(plugins: list[Any]) -> Any:
+        torch.manual_seed(0)
+        trainer = pl.Trainer(
+            max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False, plugins=plugins,
+        )  # fmt: skip
+        data = torch.utils.data.TensorDataset(torch.randn(2, width))
+        trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=2))
+        return trainer
+
+    default, ours = trained([]), trained([StatekeeperCheckpointIO()])
+
+    def lightning(durable: bool) -> Any:
+        def run(path: Path) -> None:
+            default.save_checkpoint(str(path))
+            if durable:
+                os.sync()
+
+        return run
+
+    contenders = {
+        "Lightning save_checkpoint": lightning(False),
+        "Lightning save_checkpoint + sync": lightning(True),
+        "statekeeper": lambda path: ours.save_checkpoint(str(path)),
+    }
+    return _rounds(args, root, contenders)
+
+
+def _rounds(
+    args: argparse.Namespace, root: Path, contenders: dict[str, Any]
+) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for r in range(args.runs + 1):  # the first round warms up
         names = list(contenders)
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            path = root / f"{name.split()[0]}-{r}"
+            path = root / f"{name.split()[0]}-{r}.ckpt"
             os.sync()
             start = time.perf_counter()
             contenders[name](path)
             elapsed = time.perf_counter() - start
             if r:
                 times[name].append(elapsed)
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(True)
     return times
+
+
+def _report(framework: str, args: argparse.Namespace, times: dict[str, list[float]]) -> None:
+    ours = statistics.median(times["statekeeper"])
+    print(f"{framework}, {args.size_mib} MiB of parameters + Adam, {args.runs} rounds:")
+    for name, series in times.items():
+        median = statistics.median(series)
+        print(
+            f"  {name:<34} {median:.3f} s ({min(series):.3f}-{max(series):.3f}); "
+            f"statekeeper {ours / median:.2f}x"
+        )
 
 
 def main() -> None:
@@ -81,17 +149,10 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="integrations-"))
     try:
-        times = _accelerate_rows(args, root)
+        _report("Accelerate", args, _accelerate_rows(args, root))
+        _report("Lightning", args, _lightning_rows(args, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    ours = statistics.median(times["statekeeper"])
-    print(f"Accelerate, {args.size_mib} MiB of parameters + Adam, {args.runs} rounds:")
-    for name, series in times.items():
-        median = statistics.median(series)
-        print(
-            f"  {name:<30} {median:.3f} s ({min(series):.3f}-{max(series):.3f}); "
-            f"statekeeper {ours / median:.2f}x"
-        )
 
 
 if __name__ == "__main__":

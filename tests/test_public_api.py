@@ -54,6 +54,7 @@ def test_public_names_not_in_all_are_modules_only() -> None:
         "extensions",
         "progress",
         "format",
+        "integrations",
         "interop",
         "state",
         "stateful",

@@ -24,12 +24,14 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 MIB = 1 << 20
+Saver = Callable[[Path], object]
 
 
 def _accelerate_rows(args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
@@ -48,20 +50,9 @@ def _accelerate_rows(args: argparse.Namespace, root: Path) -> dict[str, list[flo
     accelerator.backward(model(torch.randn(2, width)).sum())
     opt.step()
 
-    def accelerate(durable: bool) -> Any:
-        def run(path: Path) -> None:
-            accelerator.save_state(str(path))
-            if durable:
-                os.sync()
-
-        return run
-
-    contenders = {
-        "Accelerate save_state": accelerate(False),
-        "Accelerate save_state + sync": accelerate(True),
-        "statekeeper": lambda path: save_state(accelerator, path, step=0),
-    }
-    return _rounds(args, root, contenders)
+    own = lambda path: accelerator.save_state(str(path))  # noqa: E731
+    ours = lambda path: save_state(accelerator, path, step=0)  # noqa: E731
+    return _rounds(args, root, "Accelerate save_state", own, ours)
 
 
 def _lightning_rows(args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
@@ -96,25 +87,22 @@ def _lightning_rows(args: argparse.Namespace, root: Path) -> dict[str, list[floa
 
     default, ours = trained([]), trained([StatekeeperCheckpointIO()])
 
-    def lightning(durable: bool) -> Any:
-        def run(path: Path) -> None:
-            default.save_checkpoint(str(path))
-            if durable:
-                os.sync()
-
-        return run
-
-    contenders = {
-        "Lightning save_checkpoint": lightning(False),
-        "Lightning save_checkpoint + sync": lightning(True),
-        "statekeeper": lambda path: ours.save_checkpoint(str(path)),
-    }
-    return _rounds(args, root, contenders)
+    own = lambda path: default.save_checkpoint(str(path))  # noqa: E731
+    mine = lambda path: ours.save_checkpoint(str(path))  # noqa: E731
+    return _rounds(args, root, "Lightning save_checkpoint", own, mine)
 
 
 def _rounds(
-    args: argparse.Namespace, root: Path, contenders: dict[str, Any]
+    args: argparse.Namespace, root: Path, label: str, own: Saver, ours: Saver
 ) -> dict[str, list[float]]:
+    """The framework's own save (as it is, then followed by ``os.sync()``) and ours, in
+    turns; the first round warms up."""
+
+    def synced(path: Path) -> None:
+        own(path)
+        os.sync()
+
+    contenders = {label: own, f"{label} + sync": synced, "statekeeper": ours}
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for r in range(args.runs + 1):  # the first round warms up
         names = list(contenders)

@@ -4,24 +4,18 @@ an epoch's end."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.helpers import launcher
+from tests.helpers.framework_runs import run_to_end
 
 import statekeeper as sk
 
-RUN = [sys.executable, "-m", "tests.helpers.accelerate_run"]
 
-
-def _run(project: Path, out: Path, every: int, kill: int, *more: str) -> int:
-    args = [*RUN, str(project), str(out), str(every), str(kill), *more]
-    done = launcher.run(args, cwd=launcher.ROOT, capture_output=True, text=True)
-    assert done.returncode in (0, -9), done.stderr
-    return done.returncode
+def _run(where: Path, out: Path, every: int, kill: int, *more: str) -> int:
+    return run_to_end("accelerate_run", where, out, every, kill, *more)
 
 
 @pytest.mark.parametrize(

@@ -3,24 +3,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.helpers import launcher
+from tests.helpers.framework_runs import run_to_end
 
 import statekeeper as sk
 
-RUN = [sys.executable, "-m", "tests.helpers.lightning_run"]
-
 
 def _run(where: Path, out: Path, every: int, kill: int, *more: str) -> int:
-    args = [*RUN, str(where), str(out), str(every), str(kill), *more]
-    done = launcher.run(args, cwd=launcher.ROOT, capture_output=True, text=True)
-    assert done.returncode in (0, -9), done.stderr
-    return done.returncode
+    return run_to_end("lightning_run", where, out, every, kill, *more)
 
 
 @pytest.mark.parametrize(("every", "kill", "last"), [(3, 13, 12), (4, 17, 16)])

@@ -26,6 +26,8 @@ def test_a_killed_lightning_run_resumes_bitwise(
     assert _run(where, tmp_path / "unused.st", every, kill) == -9
     assert [i.step for i in sk.list_checkpoints(where / "last.ckpt")] == [last]
     assert sk.verify(where / "last.ckpt").ok  # each checkpoint is a statekeeper run
+    saved = sk.read(where / "last.ckpt")["optimizer_states"][0]["state"]
+    assert sorted(saved) == [f"model/net.{i}.{k}" for i in (0, 2) for k in ("bias", "weight")]
     assert _run(where, tmp_path / "resumed.st", every, 0, "resume") == 0
     a = load_file(str(tmp_path / "straight.st"))
     b = load_file(str(tmp_path / "resumed.st"))
@@ -50,3 +52,35 @@ def test_hyper_parameters_are_stored_plain_or_refused_by_name(tmp_path: Path) ->
         io.save_checkpoint({"global_step": 1, "hyper_parameters": {"fn": len}}, tmp_path / "b")
     io.remove_checkpoint(tmp_path / "a.ckpt")
     assert not (tmp_path / "a.ckpt").exists()
+
+
+class SingleDeviceStrategy:  # the name the callback checks: a plain single-device run
+    pass
+
+
+def test_optimizer_state_is_keyed_by_name_whatever_order_parameters_come_in() -> None:
+    from types import SimpleNamespace
+
+    from statekeeper.integrations.lightning import StatekeeperCallback
+
+    def module(first: str) -> torch.nn.Module:
+        m = torch.nn.Module()
+        for name in (first, "b" if first == "a" else "a"):  # registration order varies
+            setattr(m, name, torch.nn.Parameter(torch.full((2,), 1.0 if name == "a" else 2.0)))
+        return m
+
+    saving = module("a")
+    opt = torch.optim.Adam(saving.parameters())
+    (saving.a.sum() + 10 * saving.b.sum()).backward()
+    opt.step()
+    callback = StatekeeperCallback()
+    trainer = SimpleNamespace(optimizers=[opt], strategy=SingleDeviceStrategy())
+    checkpoint = {"optimizer_states": [opt.state_dict()]}
+    callback.on_save_checkpoint(trainer, saving, checkpoint)
+    loading = module("b")  # the same names, the other order: positions swap
+    fresh = torch.optim.Adam(loading.parameters())
+    callback.on_load_checkpoint(trainer, loading, checkpoint)
+    callback.on_fit_start(SimpleNamespace(optimizers=[fresh], strategy=trainer.strategy), loading)
+    fresh.load_state_dict(checkpoint["optimizer_states"][0])
+    assert torch.equal(fresh.state[loading.a]["exp_avg"], opt.state[saving.a]["exp_avg"])
+    assert torch.equal(fresh.state[loading.b]["exp_avg"], opt.state[saving.b]["exp_avg"])

@@ -5,8 +5,8 @@
 committed statekeeper step (atomic, checksummed, no pickle), numbered by the checkpoint's
 ``global_step``. ``ModelCheckpoint`` finds, keeps and removes such directories as it does
 files, and ``trainer.fit(..., ckpt_path="last")`` loads them. ``StatekeeperCallback`` adds
-what Lightning's own checkpoint leaves out for an exact resume: every RNG (Python, numpy,
-torch, CUDA), restored when the checkpoint is loaded.
+what Lightning's own checkpoint leaves out for an exact, safe resume: every RNG, and
+optimizer state keyed by parameter name.
 
 What a checkpoint holds must be storable without pickle: tensors, numbers, strings, lists,
 tuples, dicts. Hyper-parameters (``save_hyperparameters``) are stored when they are such
@@ -28,7 +28,9 @@ from pytorch_lightning.callbacks import Callback
 
 from statekeeper.checkpoint.location import committed, resolve_storage
 from statekeeper.checkpoint.save import save
+from statekeeper.errors import LoadStateError
 from statekeeper.interop.reading import read
+from statekeeper.state.optimizer import is_named_state, parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
 __all__ = ["StatekeeperCallback", "StatekeeperCheckpointIO"]
@@ -81,20 +83,58 @@ class StatekeeperCheckpointIO(CheckpointIO):
 
 
 class StatekeeperCallback(Callback):
-    """Saves every RNG with each checkpoint, and restores them where the run that saved
-    stood: for a checkpoint saved mid-epoch, as the first batch after the resume starts
-    (after Lightning has made the data iterator, which draws from torch's generator, as the
-    saving run had made it before it saved); for one saved as an epoch ended, as the next
-    epoch starts (before its iterator is made, as in the saving run)."""
+    """What Lightning's own checkpoint leaves out for an exact, safe resume.
+
+    - Every RNG (Python, numpy, torch, CUDA), restored where the run that saved stood: for
+      a checkpoint saved mid-epoch, as the first batch after the resume starts (after
+      Lightning has made the data iterator, which draws from torch's generator, as the
+      saving run had made it before it saved); for one saved as an epoch ended, as the next
+      epoch starts (before its iterator is made, as in the saving run).
+    - Optimizer state keyed by parameter name, not by position (single-device and DDP
+      strategies): saved by name, and mapped onto the live optimizers' positions before
+      Lightning loads them, every mismatch an error.
+    """
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
+        self._loaded: dict[str, Any] | None = None
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[_RNG] = RNGState().state_dict()
+        if _by_name(trainer, checkpoint):
+            names = parameter_names({"model": pl_module})
+            checkpoint["optimizer_states"] = [
+                to_named(f"optimizer_{i}", opt, names) for i, opt in enumerate(trainer.optimizers)
+            ]
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._pending = checkpoint.get(_RNG)
+        self._loaded = checkpoint  # its optimizer states are mapped once the optimizers exist
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        loaded, self._loaded = self._loaded, None
+        if loaded is None:
+            return
+        saved = loaded.get("optimizer_states", [])
+        if not saved or not all(is_named_state(s) for s in saved):
+            return
+        if len(saved) != len(trainer.optimizers):
+            raise LoadStateError(
+                f"the checkpoint holds {len(saved)} optimizer(s), the run has "
+                f"{len(trainer.optimizers)}"
+            )
+        names = parameter_names({"model": pl_module})
+        positional, problems = [], []
+        for i, (state, opt) in enumerate(zip(saved, trainer.optimizers, strict=True)):
+            mapped, found = to_positional(f"optimizer_{i}", state, opt, names)
+            positional.append(mapped)
+            problems += found
+        if problems:
+            raise LoadStateError(
+                "the checkpoint's optimizer state does not fit the run's optimizers: "
+                + "; ".join(problems[:10])
+            )
+        loaded["optimizer_states"] = positional  # what Lightning loads next
 
     def _restore(self) -> None:
         pending, self._pending = self._pending, None
@@ -109,3 +149,10 @@ class StatekeeperCallback(Callback):
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         self._restore()  # saved mid-epoch: its iterator was made before it saved
+
+
+def _by_name(trainer: Any, checkpoint: dict[str, Any]) -> bool:
+    """Whether the checkpoint's optimizer states are the live optimizers' own state dicts
+    (single device, DDP), which this callback can key by name."""
+    plain = type(trainer.strategy).__name__ in ("SingleDeviceStrategy", "DDPStrategy")
+    return plain and len(checkpoint.get("optimizer_states", [])) == len(trainer.optimizers)

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from tests.helpers.framework_runs import run_to_end
+from tests.helpers.launcher import ROOT
 
 import statekeeper as sk
 
@@ -26,7 +29,9 @@ def test_a_killed_lightning_run_resumes_bitwise(
     assert _run(where, tmp_path / "unused.st", every, kill) == -9
     assert [i.step for i in sk.list_checkpoints(where / "last.ckpt")] == [last]
     assert sk.verify(where / "last.ckpt").ok  # each checkpoint is a statekeeper run
-    saved = sk.read(where / "last.ckpt")["optimizer_states"][0]["state"]
+    got = sk.read(where / "last.ckpt")
+    assert "optimizer_states" not in got  # without the callback: Lightning refuses, loudly
+    saved = got["statekeeper_optimizer_states"][0]["state"]
     assert sorted(saved) == [f"model/net.{i}.{k}" for i in (0, 2) for k in ("bias", "weight")]
     assert _run(where, tmp_path / "resumed.st", every, 0, "resume") == 0
     a = load_file(str(tmp_path / "straight.st"))
@@ -61,6 +66,8 @@ class SingleDeviceStrategy:  # the name the callback checks: a plain single-devi
 def test_optimizer_state_is_keyed_by_name_whatever_order_parameters_come_in() -> None:
     from types import SimpleNamespace
 
+    from pytorch_lightning.trainer.states import TrainerFn
+
     from statekeeper.integrations.lightning import StatekeeperCallback
 
     def module(first: str) -> torch.nn.Module:
@@ -74,13 +81,27 @@ def test_optimizer_state_is_keyed_by_name_whatever_order_parameters_come_in() ->
     (saving.a.sum() + 10 * saving.b.sum()).backward()
     opt.step()
     callback = StatekeeperCallback()
-    trainer = SimpleNamespace(optimizers=[opt], strategy=SingleDeviceStrategy())
+    fitting = SimpleNamespace(fn=TrainerFn.FITTING)
+    trainer = SimpleNamespace(optimizers=[opt], strategy=SingleDeviceStrategy(), state=fitting)
     checkpoint = {"optimizer_states": [opt.state_dict()]}
     callback.on_save_checkpoint(trainer, saving, checkpoint)
     loading = module("b")  # the same names, the other order: positions swap
     fresh = torch.optim.Adam(loading.parameters())
     callback.on_load_checkpoint(trainer, loading, checkpoint)
-    callback.on_fit_start(SimpleNamespace(optimizers=[fresh], strategy=trainer.strategy), loading)
+    resumed = SimpleNamespace(optimizers=[fresh], strategy=trainer.strategy, state=fitting)
+    callback.on_fit_start(resumed, loading)
     fresh.load_state_dict(checkpoint["optimizer_states"][0])
     assert torch.equal(fresh.state[loading.a]["exp_avg"], opt.state[saving.a]["exp_avg"])
     assert torch.equal(fresh.state[loading.b]["exp_avg"], opt.state[saving.b]["exp_avg"])
+
+
+@pytest.mark.xdist_group("gloo")
+def test_a_ddp_run_saves_from_rank_zero_alone(tmp_path: Path) -> None:
+    # Lightning calls the plugin on rank 0 only: a collective save there would wait forever
+    args = [sys.executable, "-m", "tests.helpers.lightning_ddp", str(tmp_path / "ckpt")]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done 0" in done.stdout and "done 1" in done.stdout
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert [i.step for i in sk.list_checkpoints(last)] == [4] and sk.verify(last).ok
+    assert "statekeeper_optimizer_states" in sk.read(last)

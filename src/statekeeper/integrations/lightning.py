@@ -25,17 +25,20 @@ from typing import Any
 
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.trainer.states import TrainerFn
 
 from statekeeper.checkpoint.location import committed, resolve_storage
 from statekeeper.checkpoint.save import save
+from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import LoadStateError
 from statekeeper.interop.reading import read
-from statekeeper.state.optimizer import is_named_state, parameter_names, to_named, to_positional
+from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
 __all__ = ["StatekeeperCallback", "StatekeeperCheckpointIO"]
 
 _RNG = "statekeeper_rng"
+_OPTIMIZERS = "statekeeper_optimizer_states"  # name-keyed, in place of "optimizer_states"
 
 
 def _plain(value: Any) -> Any:
@@ -59,7 +62,8 @@ class StatekeeperCheckpointIO(CheckpointIO):
             raise TypeError("StatekeeperCheckpointIO takes no storage_options")
         run = Path(path)
         step = int(checkpoint.get("global_step", 0))
-        save(run, _plain(checkpoint), step=step, overwrite=True)
+        # Lightning calls this on the global rank 0 alone: a local save, never a collective
+        save(run, _plain(checkpoint), step=step, overwrite=True, scope=Scope.LOCAL)
         storage = resolve_storage(run)
         for entry in committed(storage):  # a name saved again (last.ckpt) keeps one step
             if entry.step != step:
@@ -103,20 +107,28 @@ class StatekeeperCallback(Callback):
         checkpoint[_RNG] = RNGState().state_dict()
         if _by_name(trainer, checkpoint):
             names = parameter_names({"model": pl_module})
-            checkpoint["optimizer_states"] = [
+            # under a key of its own: resumed without this callback, Lightning finds no
+            # optimizer state and says so, instead of loading names as positions
+            del checkpoint["optimizer_states"]
+            checkpoint[_OPTIMIZERS] = [
                 to_named(f"optimizer_{i}", opt, names) for i, opt in enumerate(trainer.optimizers)
             ]
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to resume
+            return
         self._pending = checkpoint.get(_RNG)
         self._loaded = checkpoint  # its optimizer states are mapped once the optimizers exist
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._pending = self._loaded = None  # never carried into a later run of the Trainer
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         loaded, self._loaded = self._loaded, None
         if loaded is None:
             return
-        saved = loaded.get("optimizer_states", [])
-        if not saved or not all(is_named_state(s) for s in saved):
+        saved = loaded.get(_OPTIMIZERS, [])
+        if not saved:
             return
         if len(saved) != len(trainer.optimizers):
             raise LoadStateError(
@@ -135,6 +147,7 @@ class StatekeeperCallback(Callback):
                 + "; ".join(problems[:10])
             )
         loaded["optimizer_states"] = positional  # what Lightning loads next
+        del loaded[_OPTIMIZERS]
 
     def _restore(self) -> None:
         pending, self._pending = self._pending, None

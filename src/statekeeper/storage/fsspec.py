@@ -21,11 +21,10 @@ Limits, compared with :class:`~statekeeper.storage.local.LocalStorage`:
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from statekeeper.errors import (
     CorruptCheckpointError,
@@ -35,60 +34,12 @@ from statekeeper.errors import (
 )
 from statekeeper.storage.base import Capabilities, EntryWriter
 from statekeeper.storage.files import check_name
+from statekeeper.storage.store_errors import Produced, guarded, translated
 
 __all__ = ["INCOMPLETE", "FsspecStorage"]
 
 INCOMPLETE = ".partial-0"
 """Suffix under which an entry without its commit marker is reported."""
-
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-class _Produced(Exception):
-    """An exception raised by the caller's chunk iterator, carried past the translation of
-    the store's own errors."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(str(original))
-        self.original = original
-
-
-def _guarded(chunks: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
-    iterator = iter(chunks)
-    while True:
-        try:
-            chunk = next(iterator)
-        except StopIteration:
-            return
-        except Exception as exc:
-            raise _Produced(exc) from exc
-        yield chunk
-
-
-def _translated(doing: str) -> Callable[[_Method], _Method]:
-    """A method whose failures reaching the store are ``StorageError`` naming what was done
-    and where: an unreachable store raises its client's own exceptions (botocore's, aiohttp's),
-    which callers could not tell from a bug. A missing file stays ``FileNotFoundError``."""
-
-    def wrap(method: _Method) -> _Method:
-        @functools.wraps(method)
-        def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return method(self, *args, **kwargs)
-            except _Produced as exc:  # the caller's chunks failed, not the store
-                raise exc.original from exc.original.__cause__
-            except (StatekeeperError, FileNotFoundError, NotImplementedError):
-                raise
-            except Exception as exc:
-                where = self.where(*args)
-                raise StorageError(
-                    getattr(exc, "errno", None),
-                    f"{doing} {where} failed: {type(exc).__name__}: {exc}",
-                ) from exc
-
-        return cast(_Method, inner)
-
-    return wrap
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -122,19 +73,19 @@ class _FsspecFiles(EntryWriter):
         self._done = False
         self._entry = final + INCOMPLETE
 
-    @_translated("writing")
+    @translated("writing")
     def write_chunks(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         path = self._storage.path(self._final, name)
         try:
             with self._storage.fs.open(path, "wb") as f:
-                for chunk in _guarded(chunks):
+                for chunk in guarded(chunks):
                     f.write(memoryview(chunk).cast("B"))
-        except _Produced:
+        except Produced:
             raise
         except OSError as exc:
             raise StorageError(exc.errno, f"could not write {path}: {exc}") from exc
 
-    @_translated("copying into")
+    @translated("copying into")
     def reuse(self, name: str, entry: str, source: str) -> bool:
         """A copy made by the store itself (S3 ``CopyObject``, GCS rewrite, ...); False
         where the file system has no copy of its own."""
@@ -147,7 +98,7 @@ class _FsspecFiles(EntryWriter):
             raise StorageError(exc.errno, f"could not copy {src} to {target}: {exc}") from exc
         return True
 
-    @_translated("committing")
+    @translated("committing")
     def commit(self) -> None:
         if not self._owner:
             raise StorageError(None, f"{self.entry}: only the transaction that began it commits")
@@ -195,11 +146,11 @@ class FsspecStorage:
     def _real(self, entry: str) -> str:
         return entry.removesuffix(INCOMPLETE)
 
-    @_translated("looking for")
+    @translated("looking for")
     def exists(self) -> bool:
         return bool(self.fs.exists(self.root))
 
-    @_translated("listing")
+    @translated("listing")
     def entries(self) -> list[str]:
         try:
             listed = self.fs.ls(self.root, detail=True)
@@ -214,7 +165,7 @@ class FsspecStorage:
             out.append(name if committed else name + INCOMPLETE)
         return sorted(out)
 
-    @_translated("listing")
+    @translated("listing")
     def files(self, entry: str) -> list[str]:
         base = self.path(self._real(entry))
         if not self.fs.isdir(base):
@@ -224,7 +175,7 @@ class FsspecStorage:
             str(i["name"]).rstrip("/").rsplit("/", 1)[-1] for i in listed if i.get("type") == "file"
         )
 
-    @_translated("reading the size of")
+    @translated("reading the size of")
     def _info(self, entry: str, name: str, fresh: bool = False) -> dict[str, Any]:
         """The object's description, refused unless it is a plain file (an object; on a
         local file system a regular file that is no link): a FIFO never blocks a read."""
@@ -252,7 +203,7 @@ class FsspecStorage:
         tag = info.get("ETag") or info.get("etag")
         return None if tag is None else (str(tag), info.get("size"))
 
-    @_translated("reading")
+    @translated("reading")
     def read(self, entry: str, name: str) -> bytes:
         self._info(entry, name)
         data = self.fs.cat_file(self.path(self._real(entry), name))
@@ -261,7 +212,7 @@ class FsspecStorage:
     def size(self, entry: str, name: str) -> int:
         return int(self._info(entry, name)["size"])
 
-    @_translated("beginning")
+    @translated("beginning")
     def begin(self, entry: str, *, replace: bool = False) -> _FsspecFiles:
         base = self.path(entry)
         if self.fs.exists(base):
@@ -274,7 +225,7 @@ class FsspecStorage:
         """Write files into the in-progress ``entry`` that another process began."""
         return _FsspecFiles(self, self._real(entry), owner=False)
 
-    @_translated("removing")
+    @translated("removing")
     def remove(self, entry: str) -> None:
         real = self._real(entry)
         marker = self.path(real, self.marker)

@@ -11,6 +11,9 @@ all) and times, in alternating order, per framework:
 - Lightning: ``trainer.save_checkpoint`` with Lightning's default ``TorchCheckpointIO`` (one
   ``torch.save`` file, no fsync), with and without ``os.sync()``, against the same call
   on a Trainer with ``StatekeeperCheckpointIO``.
+- transformers: ``Trainer._save_checkpoint`` (what the Trainer calls at each ``save_steps``:
+  ``save_pretrained`` safetensors weights, pickled optimizer, scheduler and RNG, no fsync),
+  with and without ``os.sync()``, against the same call on a ``StatekeeperTrainer``.
 
 Each save goes to a new directory (removed after the round). Reported: the median (min-max)
 per contender and statekeeper's time as a multiple of each Accelerate row's.
@@ -92,6 +95,49 @@ def _lightning_rows(args: argparse.Namespace, root: Path) -> dict[str, list[floa
     return _rounds(args, root, "Lightning save_checkpoint", own, mine)
 
 
+def _transformers_rows(args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
+    from transformers import PretrainedConfig, PreTrainedModel, Trainer, TrainingArguments
+
+    from statekeeper.integrations.transformers import StatekeeperTrainer
+
+    width = 1024
+    layers = max(1, args.size_mib * MIB // (4 * width * width))
+
+    class Config(PretrainedConfig):
+        model_type = "statekeeper-bench"
+
+    class Net(PreTrainedModel):
+        config_class = Config
+
+        def __init__(self, config: Config) -> None:
+            super().__init__(config)
+            self.net = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": self.net(x).pow(2).mean()}
+
+    def trained(kind: type[Trainer]) -> Any:
+        torch.manual_seed(0)
+        targs = TrainingArguments(
+            output_dir=str(root), max_steps=1, per_device_train_batch_size=2, report_to=[],
+            use_cpu=True, save_strategy="no", disable_tqdm=True,
+        )  # fmt: skip
+        data = [{"x": torch.randn(width)} for _ in range(2)]
+        trainer = kind(model=Net(Config()), args=targs, train_dataset=data)
+        trainer.train()
+        return trainer
+
+    def saver(trainer: Any) -> Saver:
+        def save(path: Path) -> None:
+            trainer.args.output_dir = str(path)
+            trainer._save_checkpoint(trainer.model, None)
+
+        return save
+
+    own, ours = saver(trained(Trainer)), saver(trained(StatekeeperTrainer))
+    return _rounds(args, root, "Trainer _save_checkpoint", own, ours)
+
+
 def _rounds(
     args: argparse.Namespace, root: Path, label: str, own: Saver, ours: Saver
 ) -> dict[str, list[float]]:
@@ -139,6 +185,7 @@ def main() -> None:
     try:
         _report("Accelerate", args, _accelerate_rows(args, root))
         _report("Lightning", args, _lightning_rows(args, root))
+        _report("transformers", args, _transformers_rows(args, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -1,0 +1,70 @@
+"""Pieces the framework integrations share: optimizer state keyed by the parameter names of
+a module that is not itself in the saved state (its weights are saved by the framework's
+own files), and an RNG state read now and restored later, when the framework asks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from statekeeper.errors import StateMismatchError
+from statekeeper.state.optimizer import parameter_names, to_named, to_positional
+from statekeeper.state.rng import RNGState
+
+__all__ = ["DeferredRNG", "apply_named", "named_state"]
+
+_ENTRY = "model"
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside a framework's wrapper (Accelerate's ``.optimizer``)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise StateMismatchError(
+            f"the optimizer is a {type(inner).__name__}, not a torch.optim.Optimizer: its "
+            "state cannot be keyed by parameter name"
+        )
+    return inner
+
+
+def named_state(optimizer: Any, module: torch.nn.Module) -> dict[str, Any]:
+    """``optimizer``'s state keyed by the names of ``module``'s parameters (``model/...``)."""
+    return to_named("optimizer", _inner(optimizer), parameter_names({_ENTRY: module}))
+
+
+def apply_named(
+    optimizer: Any, module: torch.nn.Module, saved: Mapping[str, Any], where: Path | str
+) -> None:
+    """Load name-keyed ``saved`` into ``optimizer``; every mismatch is reported together, and
+    nothing is loaded when there is one."""
+    inner = _inner(optimizer)
+    mapped, problems = to_positional("optimizer", saved, inner, parameter_names({_ENTRY: module}))
+    if problems:
+        raise StateMismatchError(
+            f"{where}: the optimizer state does not fit the live optimizer: "
+            + "; ".join(problems[:10])
+            + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else "")
+            + ". Build the model and optimizer the checkpoint was saved from"
+        )
+    inner.load_state_dict(mapped)
+
+
+class DeferredRNG(RNGState):
+    """An ``RNGState`` whose ``load_state_dict`` keeps the state until ``apply()``: a resume
+    reads (and verifies) everything at once, and restores the generators when the training
+    loop stands where the saving run stood."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: dict[str, Any] | None = None
+
+    def load_state_dict(self, state: Mapping[str, Any], /) -> None:
+        self.saved = dict(state)
+
+    def apply(self) -> None:
+        """Restore the generators from the state read (nothing when none was read)."""
+        if self.saved is not None:
+            super().load_state_dict(self.saved)

@@ -1,0 +1,178 @@
+"""The ``checkpoint-N`` folders of a transformers ``Trainer`` run, made crash-safe.
+
+A Trainer run directory holds one folder per saved step, ``checkpoint-<global step>``,
+which the Trainer's ``get_last_checkpoint`` finds by name alone (``^checkpoint-[0-9]+$``).
+statekeeper builds each folder under another name, ``checkpoint-N.partial``, and renames it
+to ``checkpoint-N`` once everything in it is written and flushed: a folder with the
+Trainer's name is always complete, so a kill at any moment never leaves one that a resume
+would pick. An older folder that a save replaces is first renamed aside
+(``.replaced-<id>``), and one that retention deletes is renamed (``.removing-<id>``)
+before its files go. Leftovers of an interrupted save are removed by the next one.
+
+This module knows nothing of the Trainer: ``integrations.transformers`` drives it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.policies import Retention
+from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.checksum import Hasher
+
+__all__ = [
+    "checkpoints",
+    "commit",
+    "file_checksums",
+    "flush",
+    "remove_leftovers",
+    "rotate",
+    "staging",
+    "verify_files",
+]
+
+PREFIX = "checkpoint"
+_COMMITTED = re.compile(rf"^{PREFIX}-([0-9]+)$")
+_LEFTOVER = re.compile(rf"^{PREFIX}-[0-9]+\.(partial|replaced-[0-9a-f]+|removing-[0-9a-f]+)$")
+_STEP_ENTRY = re.compile(r"^step_[0-9]+")
+_LOCK = ".statekeeper.lock"
+_CHUNK = 16 << 20
+
+
+def staging(run_dir: str | os.PathLike[str], step: int) -> Path:
+    """Where the folder of ``step`` is built before its commit."""
+    return Path(run_dir) / f"{PREFIX}-{step}.partial"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _aside(path: Path, kind: str) -> Path:
+    target = path.with_name(f"{path.name}.{kind}-{uuid.uuid4().hex[:12]}")
+    path.rename(target)
+    return target
+
+
+def commit(built: Path, step: int) -> Path:
+    """Rename the folder ``built`` to ``checkpoint-<step>`` beside it (replacing one that
+    exists) and make the rename durable. Returns the committed folder."""
+    final = built.parent / f"{PREFIX}-{step}"
+    replaced = _aside(final, "replaced") if final.exists() else None
+    built.rename(final)
+    _fsync_dir(final.parent)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+    return final
+
+
+def checkpoints(run_dir: str | os.PathLike[str]) -> dict[int, Path]:
+    """The committed ``checkpoint-N`` folders of ``run_dir`` by step."""
+    found: dict[int, Path] = {}
+    root = Path(run_dir)
+    if not root.is_dir():
+        return found
+    for entry in root.iterdir():
+        match = _COMMITTED.match(entry.name)
+        if match and entry.is_dir():
+            found[int(match.group(1))] = entry
+    return dict(sorted(found.items()))
+
+
+def remove_leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Delete what interrupted saves and deletions left in ``run_dir``; returns it."""
+    root = Path(run_dir)
+    gone = [e for e in root.iterdir() if _LEFTOVER.match(e.name)] if root.is_dir() else []
+    for entry in gone:
+        shutil.rmtree(entry, ignore_errors=True)
+    return gone
+
+
+def rotate(
+    run_dir: str | os.PathLike[str], keep: Retention, protect: Iterable[str | os.PathLike[str]]
+) -> list[int]:
+    """Delete the committed folders that ``keep`` does not keep, ranked by step number (never
+    by modification time); the newest folder and those in ``protect`` always stay. Returns
+    the steps deleted."""
+    found = checkpoints(run_dir)
+    if not found:
+        return []
+    infos = [CheckpointInfo(step=s, path=str(p), bytes=0, created=None) for s, p in found.items()]
+    protected = {Path(p).resolve() for p in protect}
+    kept = keep.keep(infos) | {max(found)}
+    deleted = []
+    for step, path in found.items():
+        if step in kept or path.resolve() in protected:
+            continue
+        shutil.rmtree(_aside(path, "removing"), ignore_errors=True)
+        deleted.append(step)
+    return deleted
+
+
+def _digest(path: Path) -> str:
+    hasher = Hasher()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def flush(folder: Path, names: Iterable[str]) -> None:
+    """Flush the files ``names`` (relative to ``folder``) and their folders to stable
+    storage: the framework wrote them without, and the commit's rename must never publish
+    a folder whose files a power cut could lose."""
+    folders = {folder}
+    for name in names:
+        path = folder / name
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        folders.add(path.parent)
+    for each in folders:
+        _fsync_dir(each)
+
+
+def file_checksums(folder: Path) -> dict[str, str]:
+    """The checksum of every file under ``folder`` that is not statekeeper's own (its step
+    folders and writer lock), by path relative to ``folder`` with ``/`` separators."""
+    sums: dict[str, str] = {}
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        if here == folder:
+            dirs[:] = [d for d in dirs if not _STEP_ENTRY.match(d)]
+        for name in files:
+            if here == folder and name == _LOCK:
+                continue
+            path = here / name
+            sums[path.relative_to(folder).as_posix()] = _digest(path)
+    return dict(sorted(sums.items()))
+
+
+def verify_files(folder: Path, expected: Mapping[str, str]) -> None:
+    """Raise ``CorruptCheckpointError`` unless every file in ``expected`` is in ``folder``
+    with the recorded checksum (every file is checked before the error is raised)."""
+    problems = []
+    for name, digest in expected.items():
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif _digest(path) != digest:
+            problems.append(f"{name} does not match the checksum recorded when it was saved")
+    if problems:
+        raise CorruptCheckpointError(
+            str(folder),
+            f"{'; '.join(problems)} (it was changed or damaged after its save; resume from "
+            "another checkpoint-N by passing resume_from_checkpoint=<its path>)",
+        )

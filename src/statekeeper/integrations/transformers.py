@@ -1,0 +1,289 @@
+"""The transformers ``Trainer``, saving each ``checkpoint-N`` through statekeeper.
+
+Replace ``Trainer`` by :class:`StatekeeperTrainer` (or mix :class:`StatekeeperTrainerMixin`
+into a Trainer subclass of your own, before it) and every checkpoint the Trainer saves is:
+
+- **complete or absent**: built as ``checkpoint-N.partial`` and renamed to ``checkpoint-N``
+  once flushed, so ``get_last_checkpoint`` and ``train(resume_from_checkpoint=True)`` never
+  pick a folder a kill interrupted (see :mod:`statekeeper.integrations.hf_layout`);
+- **pickle-free**: the model folder is what ``save_pretrained`` writes (safetensors and
+  JSON, so ``from_pretrained("checkpoint-N")`` works as before) and ``trainer_state.json``;
+  the optimizer (keyed by parameter name, not position), the LR scheduler, the grad scaler
+  and every RNG (Python, numpy, torch, CUDA; each process its own) are one statekeeper step
+  in the folder, in place of the pickled ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``,
+  ``rng_state*.pth`` and ``training_args.bin`` (written as ``training_args.json``);
+- **checksummed**: the step records the checksum of every file of the folder, and a resume
+  verifies all of them, and every byte of the step, before the model or the optimizer
+  changes;
+- **rotated by step number**: ``save_total_limit`` becomes ``KeepLatest(save_total_limit)``
+  (any statekeeper ``Retention`` may be passed as ``retention=``), ranked by the step in the
+  name, never by modification time; the newest folder and the best one
+  (``load_best_model_at_end``) always stay.
+
+Resuming goes through the Trainer's own entry point, ``train(resume_from_checkpoint=...)``
+(a path, or ``True`` for the newest folder of ``output_dir``). A folder saved by the plain
+Trainer (no statekeeper step in it) is still resumed, the Trainer's own way.
+
+Supported: one process or DDP (``torchrun``); DeepSpeed, FSDP, XLA and SageMaker model
+parallel are refused at construction. It overrides private Trainer methods
+(``_save_checkpoint``, ``_load_from_checkpoint``, ``_load_optimizer_and_scheduler``,
+``_load_scaler``, ``_load_rng_state``, ``_load_best_model``): the ``transformers`` extra
+pins the versions tested (docs/integrations.md).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer
+
+from statekeeper.checkpoint.load import Strict, load
+from statekeeper.checkpoint.policies import KeepLatest, Retention
+from statekeeper.checkpoint.save import save
+from statekeeper.checkpoint.scope import Scope
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.integrations import hf_layout
+from statekeeper.integrations.held import DeferredRNG, apply_named, named_state
+from statekeeper.state.rng import RNGState
+
+__all__ = ["StatekeeperTrainer", "StatekeeperTrainerMixin"]
+
+_ARGS_BIN = "training_args.bin"  # pickled by Trainer._save: replaced by JSON
+_ARGS_JSON = "training_args.json"
+
+
+def _step_in(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a statekeeper step (else the plain Trainer saved it)."""
+    path = Path(folder)
+    return path.is_dir() and any(p.name.startswith("step_") and p.is_dir() for p in path.iterdir())
+
+
+class _Loaded:
+    """What the resume read from one ``checkpoint-N``, handed to the Trainer piece by piece
+    as it asks (optimizer, scaler, then the RNG once the data iterator stands where the
+    saving run's stood)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.rng = DeferredRNG()
+        self.state: dict[str, Any] = {
+            "optimizer": {},
+            "scheduler": {},
+            "scaler": {},
+            "files": {},
+            "rng": self.rng,
+        }
+
+    def read(self) -> None:
+        # every byte of the step is verified before anything is assigned; then the
+        # folder's other files against the checksums the step recorded
+        load(self.folder, self.state, strict=Strict.ALLOW_MISSING)
+        hf_layout.verify_files(self.folder, self.state["files"])
+
+
+class StatekeeperTrainerMixin:
+    """Put before ``transformers.Trainer`` in a subclass's bases (see the module docstring).
+
+    ``retention`` (keyword, optional): the statekeeper ``Retention`` policy for the
+    ``checkpoint-N`` folders; default ``KeepLatest(args.save_total_limit)``, or keep all.
+    """
+
+    _sk_retention: Retention | None
+    _sk_loaded: _Loaded | None
+
+    def __init__(self, *args: Any, retention: Retention | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if retention is not None and not isinstance(retention, Retention):
+            raise InvalidArgumentError(
+                f"retention must be a statekeeper Retention (KeepLatest(3)...), got {retention!r}"
+            )
+        self._sk_retention = retention
+        self._sk_loaded = None
+        self._sk_refuse_unsupported()
+
+    # ---- what this integration does not cover -------------------------------------------
+
+    def _sk_refuse_unsupported(self) -> None:
+        t: Any = self
+        refused = [
+            name
+            for name, on in (
+                ("DeepSpeed", t.is_deepspeed_enabled),
+                ("FSDP", t.is_fsdp_enabled or getattr(t, "is_fsdp_xla_enabled", False)),
+                ("SageMaker model parallel", _sagemaker_mp()),
+            )
+            if on
+        ]
+        if refused:
+            raise InvalidArgumentError(
+                f"StatekeeperTrainer does not support {refused[0]} yet: its checkpoints are "
+                "written by that engine; use transformers.Trainer there"
+            )
+        if getattr(t.args, "save_safetensors", True) is False:
+            raise InvalidArgumentError(
+                "TrainingArguments(save_safetensors=False) saves the model pickled; "
+                "StatekeeperTrainer needs save_safetensors=True"
+            )
+
+    def _sk_keep(self) -> Retention | None:
+        if self._sk_retention is not None:
+            return self._sk_retention
+        limit = getattr(self, "args").save_total_limit  # noqa: B009
+        return KeepLatest(limit) if limit else None
+
+    # ---- save ---------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        t: Any = self
+        args = t.args
+        step = int(t.state.global_step)
+        if t.hp_search_backend is None and trial is None:
+            t.store_flos()
+        run_dir = Path(t._get_output_dir(trial=trial))
+        built = hf_layout.staging(run_dir, step)
+        final = run_dir / f"{hf_layout.PREFIX}-{step}"
+        if args.should_save:
+            hf_layout.remove_leftovers(run_dir)
+        _barrier(t)
+        t.save_model(str(built), _internal_call=True)
+        self._sk_note_best(run_dir, step, final)
+        if args.should_save:
+            _args_as_json(t, built)
+            _export_callback_state(t)
+            t.state.save_to_json(str(built / "trainer_state.json"))
+        entries: dict[str, Any] = {}
+        if not args.save_only_model:
+            entries.update(self._sk_training_state())
+        entries["files"] = hf_layout.file_checksums(built) if args.should_save else {}
+        # the framework's files are flushed while the step is written (the disk's two
+        # flushes overlap: about 30% off a 128 MiB save, bench/integrations.py)
+        with ThreadPoolExecutor(1, thread_name_prefix="statekeeper-flush") as pool:
+            flushed = pool.submit(hf_layout.flush, built, entries["files"])
+            save(built, entries, step=step, scope=Scope.AUTO)
+            flushed.result()
+        if args.should_save:
+            hf_layout.commit(built, step)
+        _barrier(t)
+        if args.push_to_hub:
+            t._push_from_checkpoint(str(final))
+        keep = self._sk_keep()
+        if args.should_save and keep is not None:
+            best = t.state.best_model_checkpoint
+            hf_layout.rotate(run_dir, keep, [final, *([best] if best else [])])
+
+    def _sk_note_best(self, run_dir: Path, step: int, final: Path) -> None:
+        """``state.best_model_checkpoint`` as the Trainer sets it when it saves."""
+        t: Any = self
+        best_step = getattr(t.state, "best_global_step", None)
+        strategy = getattr(t.args.save_strategy, "value", t.args.save_strategy)
+        if not best_step or strategy not in ("steps", "epoch", "best"):
+            return
+        _barrier(t)
+        best = run_dir / f"{hf_layout.PREFIX}-{best_step}"
+        if best_step == step or best.exists():
+            t.state.best_model_checkpoint = str(best if best_step != step else final)
+
+    def _sk_training_state(self) -> dict[str, Any]:
+        t: Any = self
+        entries: dict[str, Any] = {"rng": RNGState()}
+        if t.optimizer is not None:
+            entries["optimizer"] = named_state(t.optimizer, t.model)
+        if t.lr_scheduler is not None:
+            entries["scheduler"] = t.lr_scheduler.state_dict()
+        scaler = getattr(t.accelerator, "scaler", None)
+        if scaler is not None:
+            entries["scaler"] = scaler.state_dict()
+        return entries
+
+    # ---- resume -------------------------------------------------------------------------
+
+    def _sk_for(self, checkpoint: str | None) -> _Loaded | None:
+        """The verified contents of ``checkpoint`` (read once), or None for a folder the
+        plain Trainer saved."""
+        if checkpoint is None or not _step_in(checkpoint):
+            return None
+        folder = Path(checkpoint)
+        if self._sk_loaded is None or self._sk_loaded.folder != folder:
+            loaded = _Loaded(folder)
+            loaded.read()
+            self._sk_loaded = loaded
+        return self._sk_loaded
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        self._sk_loaded = None  # a new resume reads its folder afresh
+        self._sk_for(resume_from_checkpoint)  # verified before the model changes
+        super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        loaded = self._sk_for(checkpoint)
+        if loaded is None:
+            super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+            return
+        t: Any = self
+        if loaded.state["optimizer"] and t.optimizer is not None:
+            apply_named(t.optimizer, t.model, loaded.state["optimizer"], loaded.folder)
+        if loaded.state["scheduler"] and t.lr_scheduler is not None:
+            t.lr_scheduler.load_state_dict(loaded.state["scheduler"])
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        loaded = self._sk_for(checkpoint)
+        if loaded is None:
+            super()._load_scaler(checkpoint)  # type: ignore[misc]
+            return
+        scaler = getattr(getattr(self, "accelerator", None), "scaler", None)
+        if loaded.state["scaler"] and scaler is not None:
+            scaler.load_state_dict(loaded.state["scaler"])
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        loaded = self._sk_for(checkpoint)
+        if loaded is None:
+            super()._load_rng_state(checkpoint)  # type: ignore[misc]
+            return
+        loaded.rng.apply()
+
+    def _load_best_model(self) -> None:
+        best = getattr(self, "state").best_model_checkpoint  # noqa: B009
+        if best is not None and _step_in(best):
+            files: dict[str, Any] = {}
+            load(best, {"files": files}, strict=Strict.ALLOW_UNEXPECTED)
+            hf_layout.verify_files(Path(best), files)
+        super()._load_best_model()  # type: ignore[misc]
+
+
+class StatekeeperTrainer(StatekeeperTrainerMixin, Trainer):
+    """``transformers.Trainer`` whose checkpoints are statekeeper's (see the module)."""
+
+
+def _sagemaker_mp() -> bool:
+    from transformers.utils.import_utils import is_sagemaker_mp_enabled
+
+    return bool(is_sagemaker_mp_enabled())
+
+
+def _barrier(trainer: Any) -> None:
+    if trainer.args.world_size > 1:
+        trainer.accelerator.wait_for_everyone()
+
+
+def _args_as_json(trainer: Any, folder: Path) -> None:
+    """The training arguments as JSON in place of the pickled ``training_args.bin``."""
+    (folder / _ARGS_BIN).unlink(missing_ok=True)
+    (folder / _ARGS_JSON).write_text(trainer.args.to_json_string() + "\n")
+
+
+def _export_callback_state(trainer: Any) -> None:
+    """Record the stateful callbacks' state in ``trainer.state``, as the Trainer's own
+    save does before it writes ``trainer_state.json``."""
+    from transformers.trainer_callback import ExportableState
+
+    for cb in [*trainer.callback_handler.callbacks, trainer.control]:
+        if not isinstance(cb, ExportableState):
+            continue
+        name = type(cb).__name__
+        slot = trainer.state.stateful_callbacks.get(name)
+        if isinstance(slot, list):
+            slot.append(cb.state())
+        else:
+            trainer.state.stateful_callbacks[name] = cb.state()

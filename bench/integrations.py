@@ -14,6 +14,9 @@ all) and times, in alternating order, per framework:
 - transformers: ``Trainer._save_checkpoint`` (what the Trainer calls at each ``save_steps``:
   ``save_pretrained`` safetensors weights, pickled optimizer, scheduler and RNG, no fsync),
   with and without ``os.sync()``, against the same call on a ``StatekeeperTrainer``.
+- torchtitan: ``CheckpointManager.save`` (torchtitan's own manager: DCP, synchronous;
+  DCP fsyncs its files) against ``StatekeeperCheckpointManager.save``, both built by their
+  ``Config`` over torchtitan's optimizers container (AdamW) and LR schedulers.
 
 Each save goes to a new directory (removed after the round). Reported: the median (min-max)
 per contender and statekeeper's time as a multiple of each Accelerate row's.
@@ -138,6 +141,43 @@ def _transformers_rows(args: argparse.Namespace, root: Path) -> dict[str, list[f
     return _rounds(args, root, "Trainer _save_checkpoint", own, ours)
 
 
+def _torchtitan_rows(args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
+    from torchtitan.components.checkpointer import CheckpointManager
+    from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer
+    from torchtitan.components.optimizer.optimizer import ParamGroupConfig
+
+    from statekeeper.integrations.torchtitan import StatekeeperCheckpointManager
+
+    width = 1024
+    layers = max(1, args.size_mib * MIB // (4 * width * width))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+    groups = [ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-3})]
+    optimizers = OptimizersContainer.Config(param_groups=groups, implementation="foreach").build(
+        model_parts=[model]
+    )
+    schedulers = LRSchedulersContainer.Config(warmup_steps=2).build(
+        optimizers=optimizers, training_steps=10
+    )
+    model(torch.randn(2, width)).sum().backward()
+    optimizers.step()
+
+    def saver(kind: Any) -> Saver:
+        def save(path: Path) -> None:
+            config = kind.Config(enable=True, folder=str(path), keep_latest_k=0, interval=1)
+            manager = config.build(
+                dataloader=None, model_parts=[model], optimizers=optimizers,
+                lr_schedulers=schedulers, states={}, sd_adapter=None,
+            )  # fmt: skip
+            manager.save(curr_step=1)
+            manager.close()
+
+        return save
+
+    own, ours = saver(CheckpointManager), saver(StatekeeperCheckpointManager)
+    return _rounds(args, root, "torchtitan CheckpointManager (DCP)", own, ours)
+
+
 def _rounds(
     args: argparse.Namespace, root: Path, label: str, own: Saver, ours: Saver
 ) -> dict[str, list[float]]:
@@ -186,6 +226,7 @@ def main() -> None:
         _report("Accelerate", args, _accelerate_rows(args, root))
         _report("Lightning", args, _lightning_rows(args, root))
         _report("transformers", args, _transformers_rows(args, root))
+        _report("torchtitan", args, _torchtitan_rows(args, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -1,0 +1,273 @@
+"""torchtitan: a checkpoint manager on its pluggable ``BaseCheckpointManager`` contract.
+
+Set the trainer's checkpoint config to this manager's ``Config`` (same options as
+torchtitan's own ``CheckpointManager``, with the same meaning)::
+
+    from statekeeper.integrations.torchtitan import StatekeeperCheckpointManager
+
+    config.checkpoint = StatekeeperCheckpointManager.Config(enable=True, interval=500,
+                                                            keep_latest_k=3)
+
+Each save is one statekeeper step of the run ``<dump folder>/<folder>``: atomic,
+checksummed, no pickle. It holds the model parts, the optimizers (torchtitan's flattened,
+name-keyed state), the LR schedulers, each data-parallel rank's data loader position (as
+torchdata's plain state, never torchtitan's pickled bytes), the trainer's ``train_state``
+and every RNG. ``async_mode="async"`` (or ``"async_with_pinned_mem"``) saves in the
+background with statekeeper's asynchronous writer: ``save`` returns once the tensors are
+copied, ``maybe_wait_for_saving`` waits for the commit.
+
+Loading follows torchtitan: the newest step of the run (or ``load_step``), else
+``initial_load_path`` (a statekeeper run or step; Hugging Face safetensors with
+``initial_load_in_hf``), else a fresh start; ``exclude_from_loading`` leaves those entries
+as they are; a model-only step (the seed checkpoint, a last save with
+``last_save_model_only``) restores the model alone. Every byte is verified before a live
+tensor changes. A torchtitan DCP checkpoint is not read directly (DCP's metadata is
+pickled): convert it once with ``statekeeper convert``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
+from torchtitan.components.checkpointer.base import (
+    DATALOADER,
+    LR_SCHEDULER,
+    MODEL,
+    OPTIMIZER,
+    BaseCheckpointManager,
+)
+
+from statekeeper.checkpoint.checkpointer import RNG_ENTRY, Checkpointer
+from statekeeper.checkpoint.listing import list_checkpoints
+from statekeeper.checkpoint.load import Strict, load
+from statekeeper.checkpoint.policies import KeepLatest
+from statekeeper.distributed.per_rank import PerRank
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.integrations.titan_parts import (
+    Delegate,
+    hf_load,
+    hf_save,
+    model_entry,
+    model_only_state,
+)
+from statekeeper.state.rng import RNGState
+
+__all__ = ["AsyncMode", "StatekeeperCheckpointManager"]
+
+_MODEL_ONLY = "model_only"  # a step's metric: it holds the model alone
+
+
+class AsyncMode(StrEnum):
+    """When ``save`` returns: once written (``DISABLED``) or once copied (the others)."""
+
+    DISABLED = "disabled"
+    ASYNC = "async"
+    ASYNC_WITH_PINNED_MEM = "async_with_pinned_mem"
+
+
+class _Loader:
+    """A torchtitan data loader's position as torchdata's plain state (torchtitan's own
+    ``state_dict`` pickles it)."""
+
+    def __init__(self, loader: StatefulDataLoader) -> None:
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = StatefulDataLoader.state_dict(self.loader)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        StatefulDataLoader.load_state_dict(self.loader, state)
+        # builds the resumed iterator now: it draws its seed from torch's generator, which
+        # the RNG restore (after every other entry) then sets back to where the saving run
+        # stood, past its own iterator's draw
+        StatefulDataLoader.state_dict(self.loader)
+
+
+class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
+    """torchtitan checkpoints as statekeeper steps (see the module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseCheckpointManager.Config):  # type: ignore[misc]
+        async_mode: AsyncMode = AsyncMode.DISABLED
+        """Synchronous saves, or statekeeper's background writer."""
+
+        def __post_init__(self) -> None:
+            BaseCheckpointManager.Config.__post_init__(self)
+            try:
+                self.async_mode = AsyncMode(str(self.async_mode).lower())
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"async_mode must be one of {', '.join(m.value for m in AsyncMode)}, "
+                    f"got {self.async_mode!r}"
+                ) from None
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dataloader: Any,
+        model_parts: list[torch.nn.Module],
+        optimizers: Any,
+        lr_schedulers: Any,
+        states: dict[str, Any],
+        sd_adapter: Any,
+        base_folder: str = "",
+    ) -> None:
+        self.enable = config.enable
+        if not self.enable:
+            return
+        self.save_future = None
+        self.config = config
+        self.folder = os.path.join(base_folder, config.folder)
+        self.sd_adapter = sd_adapter
+        if config.last_save_in_hf and sd_adapter is None:
+            raise InvalidArgumentError(
+                "checkpoint.last_save_in_hf needs the model's state dict adapter (sd_adapter)"
+            )
+        self.model_parts = model_parts
+        self.states = states
+        self.states.update(
+            {
+                MODEL: model_entry(model_parts),
+                OPTIMIZER: Delegate(optimizers),
+                LR_SCHEDULER: Delegate(lr_schedulers),
+            }
+        )
+        if dataloader is not None:
+            self.states[DATALOADER] = PerRank(_Loader(dataloader))
+        self.rng = RNGState()
+        self._checkpointer: Checkpointer | None = None
+        if not config.load_only:
+            keep = KeepLatest(config.keep_latest_k) if config.keep_latest_k else None
+            self._checkpointer = Checkpointer(
+                self.folder, keep=keep, async_save=config.async_mode is not AsyncMode.DISABLED
+            )
+
+    def __del__(self) -> None:
+        self.close()
+
+    # ---- save -------------------------------------------------------------------------------
+
+    def _should_save(self, curr_step: int, last_step: bool) -> bool:
+        if self.config.load_only:
+            return False
+        first = curr_step == 1 and self.config.enable_first_step_checkpoint
+        return first or last_step or curr_step % self.config.interval == 0
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        if not self._should_save(curr_step, last_step):
+            return False
+        checkpointer = self._checkpointer
+        if checkpointer is None:  # pragma: no cover - load_only never gets here
+            return False
+        self.maybe_wait_for_saving()
+        if curr_step == 0 or (last_step and self.config.last_save_model_only):
+            self._save_model_only(checkpointer, curr_step)
+            return True
+        entries = {k: v for k, v in self.states.items() if v is not None}
+        pending = checkpointer.save(curr_step, entries)
+        if self.config.async_mode is not AsyncMode.DISABLED:
+            self.save_future = pending  # type: ignore[assignment]
+        return True
+
+    def _save_model_only(self, checkpointer: Checkpointer, step: int) -> None:
+        """The seed checkpoint (step 0) or the last one: the model alone, in the export
+        dtype, as a statekeeper step or, with ``last_save_in_hf``, as Hugging Face
+        safetensors beside the run (``<folder>/hf-step-<N>``)."""
+        dtype = getattr(torch, self.config.export_dtype)
+        state = model_only_state(self.model_parts, dtype if step else None)
+        if self.config.last_save_in_hf and step:
+            hf_save(Path(self.folder) / f"hf-step-{step}", self.sd_adapter.to_hf(state))
+            return
+        checkpointer.save(step, {MODEL: state}, metrics={_MODEL_ONLY: 1})
+        checkpointer.wait()
+
+    def _wait_for_saving(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
+        self.save_future = None
+
+    def _maybe_wait_for_staging(self) -> None:
+        # statekeeper's background save returns once the tensors are copied: nothing is
+        # still being staged when ``save`` returns
+        return
+
+    def _close(self) -> None:
+        checkpointer, self._checkpointer = getattr(self, "_checkpointer", None), None
+        if checkpointer is not None:
+            checkpointer.close()
+
+    # ---- load -------------------------------------------------------------------------------
+
+    def _load(self, step: int = -1) -> bool:
+        self.maybe_wait_for_saving()
+        steps = {i.step: i for i in list_checkpoints(self.folder)} if _exists(self.folder) else {}
+        if step != -1 and step not in steps:
+            raise FileNotFoundError(
+                f"checkpoint.load_step={step}: no such committed step in {self.folder} "
+                f"(steps: {sorted(steps) or 'none'})"
+            )
+        if not steps:
+            return self._initial_load()
+        chosen = step if step != -1 else None
+        model_only = (steps[chosen or max(steps)].metrics or {}).get(_MODEL_ONLY) == 1
+        if model_only:  # its RNG is not this run's to restore
+            load(
+                self.folder,
+                {MODEL: self.states[MODEL]},
+                step=chosen,
+                strict=Strict.ALLOW_UNEXPECTED,
+            )
+            return True
+        state = self._states_to_load()
+        if chosen is None and self._checkpointer is not None:
+            self._checkpointer.restore_latest(state, strict=self._strict())
+        else:
+            load(self.folder, {**state, RNG_ENTRY: self.rng}, step=chosen, strict=self._strict())
+        return True
+
+    def _strict(self) -> Strict:
+        return Strict.ALLOW_UNEXPECTED if self.config.exclude_from_loading else Strict.EXACT
+
+    def _states_to_load(self) -> dict[str, Any]:
+        for key in self.config.exclude_from_loading:
+            if key not in self.states:
+                raise InvalidArgumentError(
+                    f"checkpoint.exclude_from_loading names {key!r}, which is not saved "
+                    f"(entries: {', '.join(sorted(self.states))})"
+                )
+        return {
+            k: v
+            for k, v in self.states.items()
+            if v is not None and k not in self.config.exclude_from_loading
+        }
+
+    def _initial_load(self) -> bool:
+        path = self.config.initial_load_path
+        if self.config.initial_load_in_hf:
+            source = path or getattr(self.sd_adapter, "hf_assets_path", None)
+            if not source:
+                raise InvalidArgumentError(
+                    "initial_load_in_hf needs checkpoint.initial_load_path or the model's "
+                    "hf_assets_path"
+                )
+            hf_load(Path(source), self.model_parts, self.sd_adapter)
+            return True
+        if not path:
+            return False  # a fresh start
+        if self.config.initial_load_model_only:
+            load(path, {MODEL: self.states[MODEL]}, strict=Strict.ALLOW_UNEXPECTED)
+        else:
+            load(path, {**self._states_to_load(), RNG_ENTRY: self.rng}, strict=self._strict())
+        return True
+
+
+def _exists(folder: str) -> bool:
+    return "://" in folder or Path(folder).is_dir()

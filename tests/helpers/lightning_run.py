@@ -1,11 +1,13 @@
 """A tiny Lightning training run whose checkpoints are statekeeper steps.
 
-Usage: python -m tests.helpers.lightning_run CKPT_DIR OUT_FILE EVERY KILL_AFTER [resume].
+Usage: python -m tests.helpers.lightning_run CKPT_DIR OUT_FILE EVERY KILL_AFTER [resume|-]
+[async].
 Trains 20 steps (8 batches an epoch) of a small model with dropout, Adam and a StepLR
 schedule on a shuffled StatefulDataLoader, with ``StatekeeperCheckpointIO`` and
 ``StatekeeperCallback``, a ``ModelCheckpoint`` every EVERY steps (``save_last=True``).
 After step KILL_AFTER (0: never) it SIGKILLs itself; with ``resume`` it resumes through
-``trainer.fit(..., ckpt_path="last")``. At the end it writes every parameter and one more
+``trainer.fit(..., ckpt_path="last")``; with ``async`` the plugin is wrapped in Lightning's
+``AsyncCheckpointIO`` (saves on its thread). At the end it writes every parameter and one more
 random draw to OUT_FILE.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.plugins.io import AsyncCheckpointIO
 from safetensors.torch import save_file
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -58,11 +61,14 @@ def main() -> None:
     model = Tiny()
     saves = ModelCheckpoint(dirpath=where, every_n_train_steps=every, save_last=True, save_top_k=-1)
     callbacks: list[Callback] = [StatekeeperCallback(), saves]
+    io: Any = StatekeeperCheckpointIO()
+    if sys.argv[6:7] == ["async"]:
+        io = AsyncCheckpointIO(io)
     if kill:
         callbacks.append(KillAfter(kill))
     trainer = pl.Trainer(
         max_steps=20, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=callbacks, plugins=[StatekeeperCheckpointIO()],
+        enable_model_summary=False, callbacks=callbacks, plugins=[io],
     )  # fmt: skip
     trainer.fit(model, loader, ckpt_path="last" if sys.argv[5:6] == ["resume"] else None)
     final = {f"param/{k}": v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,6 +1,7 @@
 """Pieces the framework integrations share: optimizer state keyed by the parameter names of
 a module that is not itself in the saved state (its weights are saved by the framework's
-own files), and an RNG state read now and restored later, when the framework asks."""
+own files), an RNG state read now and restored later, when the framework asks, and a data
+loader's exact position, for frameworks that save what they are handed."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Any
 
 import torch
 
+from statekeeper.data.torchdata import capture_loader, restore_loader
 from statekeeper.errors import StateMismatchError
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
-__all__ = ["DeferredRNG", "apply_named", "named_state"]
+__all__ = ["DeferredRNG", "LoaderState", "NamedOptimizer", "apply_named", "named_state"]
 
 _ENTRY = "model"
 
@@ -68,3 +70,36 @@ class DeferredRNG(RNGState):
         """Restore the generators from the state read (nothing when none was read)."""
         if self.saved is not None:
             super().load_state_dict(self.saved)
+
+
+class NamedOptimizer:
+    """``optimizer`` as a ``state_dict`` / ``load_state_dict`` object whose state is keyed
+    by the names of ``module``'s parameters instead of their positions, for frameworks
+    that save what they are handed (Lightning Fabric's ``fabric.save(path, state)``)."""
+
+    def __init__(self, optimizer: Any, module: torch.nn.Module) -> None:
+        _inner(optimizer)  # a wrapper around no torch optimizer is refused here
+        self.optimizer = optimizer
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        return named_state(self.optimizer, self.module)
+
+    def load_state_dict(self, state: Mapping[str, Any], /) -> None:
+        apply_named(self.optimizer, self.module, state, "the checkpoint")
+
+
+class LoaderState:
+    """A torchdata ``StatefulDataLoader`` as a ``state_dict`` / ``load_state_dict`` object
+    that resumes exactly (what the loader's own state misses: its generators' states, and
+    the resumed iterator built before the global RNG is restored; see
+    ``statekeeper.data.torchdata``). Restore the RNG after it."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_loader("loader", self.loader)
+
+    def load_state_dict(self, state: Mapping[str, Any], /) -> None:
+        restore_loader(self.loader, state)

@@ -8,6 +8,12 @@ files, and ``trainer.fit(..., ckpt_path="last")`` loads them. ``StatekeeperCallb
 what Lightning's own checkpoint leaves out for an exact, safe resume: every RNG, and
 optimizer state keyed by parameter name.
 
+Lightning Fabric: ``Fabric(plugins=[StatekeeperCheckpointIO()])`` makes ``fabric.save`` /
+``fabric.load`` write and read statekeeper steps. Fabric saves what it is handed, so hand
+it ``NamedOptimizer(optimizer, model)`` (state by parameter name), ``LoaderState(loader)``
+(a torchdata loader's exact position) and ``statekeeper.RNGState()`` last (Fabric loads in
+the dict's order: the RNG must come after the loader).
+
 What a checkpoint holds must be storable without pickle: tensors, numbers, strings, lists,
 tuples, dicts. Hyper-parameters (``save_hyperparameters``) are stored when they are such
 values (Lightning's ``AttributeDict`` is stored as a plain dict); anything else (an
@@ -31,11 +37,12 @@ from statekeeper.checkpoint.location import committed, resolve_storage
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import LoadStateError
+from statekeeper.integrations.held import LoaderState, NamedOptimizer
 from statekeeper.interop.reading import read
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
-__all__ = ["StatekeeperCallback", "StatekeeperCheckpointIO"]
+__all__ = ["LoaderState", "NamedOptimizer", "StatekeeperCallback", "StatekeeperCheckpointIO"]
 
 _RNG = "statekeeper_rng"
 _OPTIMIZERS = "statekeeper_optimizer_states"  # name-keyed, in place of "optimizer_states"

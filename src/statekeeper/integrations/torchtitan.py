@@ -49,6 +49,7 @@ from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.policies import KeepLatest
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.integrations.held import LoaderState
 from statekeeper.integrations.titan_parts import (
     Delegate,
     hf_load,
@@ -71,23 +72,22 @@ class AsyncMode(StrEnum):
     ASYNC_WITH_PINNED_MEM = "async_with_pinned_mem"
 
 
-class _Loader:
-    """A torchtitan data loader's position as torchdata's plain state (torchtitan's own
-    ``state_dict`` pickles it)."""
+class _Torchdata:
+    """A torchtitan data loader seen as the torchdata ``StatefulDataLoader`` it is: its
+    plain state (torchtitan's own ``state_dict`` pickles it into bytes)."""
 
     def __init__(self, loader: StatefulDataLoader) -> None:
-        self.loader = loader
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = StatefulDataLoader.state_dict(self.loader)
+        state: dict[str, Any] = StatefulDataLoader.state_dict(self._loader)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        StatefulDataLoader.load_state_dict(self.loader, state)
-        # builds the resumed iterator now: it draws its seed from torch's generator, which
-        # the RNG restore (after every other entry) then sets back to where the saving run
-        # stood, past its own iterator's draw
-        StatefulDataLoader.state_dict(self.loader)
+        StatefulDataLoader.load_state_dict(self._loader, state)
 
 
 class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
@@ -141,7 +141,9 @@ class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
             }
         )
         if dataloader is not None:
-            self.states[DATALOADER] = PerRank(_Loader(dataloader))
+            # each data-parallel rank's own position; its iterator is rebuilt on load before
+            # the RNG is restored, as the saving run had built it before it saved
+            self.states[DATALOADER] = PerRank(LoaderState(_Torchdata(dataloader)))
         self.rng = RNGState()
         self._checkpointer: Checkpointer | None = None
         if not config.load_only:

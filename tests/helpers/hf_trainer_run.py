@@ -117,7 +117,8 @@ def main() -> None:
     final["steps"] = torch.tensor([s for s, _ in history])
     final["losses"] = torch.tensor([loss for _, loss in history], dtype=torch.float64)
     final["draw"] = torch.rand(4)
-    save_file({k: v.contiguous() for k, v in final.items()}, out)
+    rank = int(os.environ.get("RANK", "0"))  # a DDP job (tests.helpers.hf_trainer_ddp)
+    save_file({k: v.contiguous() for k, v in final.items()}, f"{out}.rank{rank}" if rank else out)
     if len(sys.argv) > 6:
         with open(sys.argv[6], "w") as f:
             f.write(transformers.__version__)

@@ -187,3 +187,31 @@ def test_the_oldest_supported_transformers_resumes_bitwise(tmp_path: Path) -> No
     assert _run(out, tmp_path / "resumed.st", 4, 0, "resume", str(probe), env=env) == 0
     assert probe.read_text() == f"{floor}.0"
     _same(tmp_path / "straight.st", tmp_path / "resumed.st")
+
+
+@pytest.mark.xdist_group("gloo")
+def test_a_killed_ddp_trainer_run_resumes_bitwise(tmp_path: Path) -> None:
+    """Two DDP ranks (gloo): the save is collective (each rank's RNG), rank 0 writes the
+    model folder and commits; a job killed after step 13 resumes from checkpoint-12."""
+    import subprocess
+    import sys
+
+    from tests.helpers.launcher import ROOT
+
+    def job(where: Path, out: Path, kill: int, *more: str) -> int:
+        args = [sys.executable, "-m", "tests.helpers.hf_trainer_ddp", str(where), str(out)]
+        done = subprocess.run(
+            [*args, "3", str(kill), *more], cwd=ROOT, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode in (0, 9), done.stderr[-3000:]
+        return done.returncode
+
+    assert job(tmp_path / "straight", tmp_path / "straight.st", 0) == 0
+    out = tmp_path / "killed"
+    assert job(out, tmp_path / "unused.st", 13) == 9
+    assert list(hf_layout.checkpoints(out)) == [9, 12]
+    saved = sk.read(out / "checkpoint-12")
+    assert sk.verify(out / "checkpoint-12").ok and "optimizer" in saved
+    assert job(out, tmp_path / "resumed.st", 0, "resume") == 0
+    _same(tmp_path / "straight.st", tmp_path / "resumed.st")
+    _same(tmp_path / "resumed.st", Path(f"{tmp_path / 'resumed.st'}.rank1"))

@@ -159,10 +159,14 @@ class StatekeeperTrainerMixin:
         entries["files"] = hf_layout.file_checksums(built) if args.should_save else {}
         # the framework's files are flushed while the step is written (the disk's two
         # flushes overlap: about 30% off a 128 MiB save, bench/integrations.py)
+        # (the main process's: it wrote them, and it commits the folder)
         with ThreadPoolExecutor(1, thread_name_prefix="statekeeper-flush") as pool:
-            flushed = pool.submit(hf_layout.flush, built, entries["files"])
+            flushed = (
+                pool.submit(hf_layout.flush, built, entries["files"]) if args.should_save else None
+            )
             save(built, entries, step=step, scope=Scope.AUTO)
-            flushed.result()
+            if flushed is not None:
+                flushed.result()
         if args.should_save:
             hf_layout.commit(built, step)
         _barrier(t)

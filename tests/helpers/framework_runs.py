@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.helpers import launcher
 
-__all__ = ["run_to_end"]
+__all__ = ["oldest", "run_to_end"]
 
 
 def run_to_end(
@@ -27,3 +27,20 @@ def run_to_end(
     )  # fmt: skip
     assert done.returncode in (0, -9), done.stderr
     return done.returncode
+
+
+def oldest(extra: str, package: str) -> tuple[str, dict[str, str]]:
+    """The floor of ``package`` in the pyproject extra ``extra`` (``>=5.0`` -> ``5.0.0``) and
+    an environment whose ``PYTHONPATH`` puts that release, installed apart by scripts/setup,
+    first."""
+    import os
+    import tomllib
+
+    extras = tomllib.loads((launcher.ROOT / "pyproject.toml").read_text())["project"]
+    specs = extras["optional-dependencies"][extra]
+    spec = next(s for s in specs if s.startswith(f"{package}>="))
+    floor = spec.split(">=")[1].split(",")[0]
+    version = floor if floor.count(".") == 2 else f"{floor}.0"
+    where = launcher.ROOT / ".venv" / f"{package}-{version}"
+    assert (where / ".complete").is_file(), f"{where}: run scripts/setup, it installs it"
+    return version, {**os.environ, "PYTHONPATH": os.pathsep.join([str(where), str(launcher.ROOT)])}

@@ -1,14 +1,15 @@
 """A tiny Lightning training run whose checkpoints are statekeeper steps.
 
 Usage: python -m tests.helpers.lightning_run CKPT_DIR OUT_FILE EVERY KILL_AFTER [resume|-]
-[async].
+[async|-]
+[VERSION_FILE].
 Trains 20 steps (8 batches an epoch) of a small model with dropout, Adam and a StepLR
 schedule on a shuffled StatefulDataLoader, with ``StatekeeperCheckpointIO`` and
 ``StatekeeperCallback``, a ``ModelCheckpoint`` every EVERY steps (``save_last=True``).
 After step KILL_AFTER (0: never) it SIGKILLs itself; with ``resume`` it resumes through
 ``trainer.fit(..., ckpt_path="last")``; with ``async`` the plugin is wrapped in Lightning's
 ``AsyncCheckpointIO`` (saves on its thread). At the end it writes every parameter and one more
-random draw to OUT_FILE.
+random draw to OUT_FILE, and Lightning's version to VERSION_FILE.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def main() -> None:
     final = {f"param/{k}": v.detach().clone() for k, v in model.state_dict().items()}
     final["draw"] = torch.rand(4)
     save_file(final, out)
+    if len(sys.argv) > 7:
+        with open(sys.argv[7], "w") as f:
+            f.write(pl.__version__)
 
 
 if __name__ == "__main__":

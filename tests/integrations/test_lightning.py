@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.helpers.framework_runs import run_to_end
+from tests.helpers.framework_runs import oldest, run_to_end
 from tests.helpers.launcher import ROOT
 
 import statekeeper as sk
 
 
-def _run(where: Path, out: Path, every: int, kill: int, *more: str) -> int:
-    return run_to_end("lightning_run", where, out, every, kill, *more)
+def _run(
+    where: Path, out: Path, every: int, kill: int, *more: str, env: dict[str, str] | None = None
+) -> int:
+    return run_to_end("lightning_run", where, out, every, kill, *more, env=env)
 
 
 @pytest.mark.parametrize(("every", "kill", "last"), [(3, 13, 12), (4, 17, 16)])
@@ -143,5 +145,20 @@ def test_a_killed_fabric_run_resumes_bitwise_by_parameter_name(
     a = load_file(str(tmp_path / "straight.st"))
     b = load_file(str(tmp_path / "resumed.st"))
     assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_the_oldest_supported_lightning_resumes_bitwise(tmp_path: Path) -> None:
+    """The extra's floor (pytorch-lightning>=2.6) is tested, not just declared: scripts/setup
+    installs 2.6.0 apart, and the same kill-and-resume runs on it."""
+    version, env = oldest("lightning", "pytorch-lightning")
+    where, probe = tmp_path / "killed", tmp_path / "version.txt"
+    assert _run(tmp_path / "straight", tmp_path / "straight.st", 3, 0, env=env) == 0
+    assert _run(where, tmp_path / "unused.st", 3, 13, env=env) == -9
+    assert _run(where, tmp_path / "resumed.st", 3, 0, "resume", "-", str(probe), env=env) == 0
+    assert probe.read_text() == version
+    a = load_file(str(tmp_path / "straight.st"))
+    b = load_file(str(tmp_path / "resumed.st"))
     for key in a:
         assert torch.equal(a[key], b[key]), key

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.helpers.framework_runs import run_to_end
+from tests.helpers.framework_runs import oldest, run_to_end
 
 import statekeeper as sk
 from statekeeper.integrations import hf_layout
@@ -171,21 +171,13 @@ def test_a_checkpoint_of_the_plain_trainer_still_resumes(tmp_path: Path) -> None
 def test_the_oldest_supported_transformers_resumes_bitwise(tmp_path: Path) -> None:
     """The extra's floor (transformers>=5.0) is tested, not just declared: scripts/setup
     installs 5.0.0 apart, and the same kill-and-resume runs on it."""
-    import tomllib
-
-    from tests.helpers.launcher import ROOT
-
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    floor = extras["optional-dependencies"]["transformers"][0].split(">=")[1].split(",")[0]
-    lowest = ROOT / ".venv" / f"transformers-{floor}.0"
-    assert (lowest / ".complete").is_file(), "run scripts/setup: it installs the oldest release"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(lowest), str(ROOT)])}
+    version, env = oldest("transformers", "transformers")
     out = tmp_path / "killed"
     probe = tmp_path / "version.txt"
     assert _run(tmp_path / "straight", tmp_path / "straight.st", 4, 0, env=env) == 0
     assert _run(out, tmp_path / "unused.st", 4, 13, env=env) == -9
     assert _run(out, tmp_path / "resumed.st", 4, 0, "resume", str(probe), env=env) == 0
-    assert probe.read_text() == f"{floor}.0"
+    assert probe.read_text() == version
     _same(tmp_path / "straight.st", tmp_path / "resumed.st")
 
 

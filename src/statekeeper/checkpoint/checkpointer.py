@@ -12,6 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 from contextlib import ExitStack
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -221,10 +222,17 @@ class Checkpointer:
         return info if isinstance(info, CheckpointInfo) or info is None else info.wait()
 
     def save(
-        self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        metrics: Mapping[str, Any] | None = None,
+        *,
+        overwrite: bool = False,
     ) -> CheckpointInfo | PendingSave:
-        """Save now (RNG included), then apply retention (in the background if async)."""
-        return self._save(step, state, metrics, self._writer)
+        """Save now (RNG included), then apply retention (in the background if async).
+        ``overwrite`` replaces the step when it is committed already (a run rolled back to
+        an older step saves its numbers again)."""
+        return self._save(step, state, metrics, self._writer, overwrite)
 
     def _save(
         self,
@@ -232,6 +240,7 @@ class Checkpointer:
         state: Mapping[str, Any],
         metrics: Mapping[str, Any] | None,
         writer: AsyncWriter | None,
+        overwrite: bool = False,
     ) -> CheckpointInfo | PendingSave:
         self._check_open()
         if self._uploader is not None:
@@ -244,7 +253,7 @@ class Checkpointer:
             full,
             step=step,
             metrics=metrics,
-            options=self._options,
+            options=replace(self._options, overwrite=True) if overwrite else self._options,
             scope=self._scope,
             writer=writer,
             on_commit=self._retention if writer is not None else self._committed,

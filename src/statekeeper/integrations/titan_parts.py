@@ -5,6 +5,7 @@ adapter)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -17,23 +18,23 @@ from safetensors.torch import load_file, save_file
 
 from statekeeper.errors import InvalidArgumentError
 
-__all__ = ["Delegate", "hf_load", "hf_save", "model_entry", "model_only_state"]
+__all__ = ["Delegate", "hf_load", "hf_save", "model_only_state", "refuse_unsupported"]
 
 _INDEX = "model.safetensors.index.json"
 _WEIGHTS = "model.safetensors"
 
 
-def model_entry(parts: list[torch.nn.Module]) -> torch.nn.Module:
-    """The model as one statekeeper entry: the module itself, or the pipeline stages'
-    modules as one ``ModuleList`` (names ``0.layers...``, ``1.layers...``)."""
-    if not parts:
-        raise InvalidArgumentError("torchtitan gave no model parts to checkpoint")
-    return parts[0] if len(parts) == 1 else torch.nn.ModuleList(parts)
+def _model(parts: list[torch.nn.Module]) -> torch.nn.Module:
+    """The model: one part (pipeline parallelism, with several, is refused when the manager
+    is built)."""
+    if len(parts) != 1:
+        raise InvalidArgumentError(f"expected one model part, got {len(parts)}")
+    return parts[0]
 
 
 def model_only_state(parts: list[torch.nn.Module], dtype: torch.dtype | None) -> dict[str, Any]:
     """The model's state, floating tensors cast to ``dtype`` (None: as they are)."""
-    state = model_entry(parts).state_dict()
+    state = _model(parts).state_dict()
     if dtype is None:
         return dict(state)
     return {
@@ -105,6 +106,32 @@ def hf_load(folder: Path, parts: list[torch.nn.Module], adapter: Any) -> None:
     for name in files:
         hf_state.update(load_file(str(folder / name)))
     state = adapter.from_hf(hf_state)
-    model = model_entry(parts)
+    model = _model(parts)
     options = StateDictOptions(full_state_dict=True, strict=True)
     set_model_state_dict(model, state, options=options)
+
+
+def refuse_unsupported(config: Any, parts: list[torch.nn.Module]) -> None:
+    """What this manager would save or load wrong: refused when it is built."""
+    if config.initial_load_in_hf_quantized:
+        raise InvalidArgumentError(
+            "checkpoint.initial_load_in_hf_quantized is not supported by "
+            "StatekeeperCheckpointManager yet; use torchtitan's CheckpointManager for that load"
+        )
+    names = sorted(k for part in parts for k in part.state_dict())
+    if len(parts) > 1 or not _same_on_every_rank(names):
+        raise InvalidArgumentError(
+            "pipeline parallelism (ranks holding different model parts) is not supported by "
+            "StatekeeperCheckpointManager yet: each rank's optimizer state would be saved as "
+            "rank 0's; use torchtitan's CheckpointManager for pipeline-parallel runs"
+        )
+
+
+def _same_on_every_rank(names: list[str]) -> bool:
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return True
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, digest)  # a digest of names: no tensors, no state
+    return len(set(everyone)) == 1

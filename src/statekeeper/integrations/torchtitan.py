@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
 from torchtitan.components.checkpointer.base import (
     DATALOADER,
     LR_SCHEDULER,
@@ -48,20 +47,24 @@ from statekeeper.checkpoint.listing import list_checkpoints
 from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.policies import KeepLatest
 from statekeeper.distributed.per_rank import PerRank
-from statekeeper.errors import InvalidArgumentError
-from statekeeper.integrations.held import LoaderState
+from statekeeper.errors import InvalidArgumentError, KeyMismatchError
+from statekeeper.integrations.titan_loader import DataParallelLoader
 from statekeeper.integrations.titan_parts import (
     Delegate,
     hf_load,
     hf_save,
-    model_entry,
     model_only_state,
+    refuse_unsupported,
 )
 from statekeeper.state.rng import RNGState
 
 __all__ = ["AsyncMode", "StatekeeperCheckpointManager"]
 
 _MODEL_ONLY = "model_only"  # a step's metric: it holds the model alone
+_KEYS_FIX = (
+    "Leave entries out of the load with checkpoint.exclude_from_loading, or load the model "
+    "alone with checkpoint.initial_load_model_only"
+)
 
 
 class AsyncMode(StrEnum):
@@ -70,24 +73,6 @@ class AsyncMode(StrEnum):
     DISABLED = "disabled"
     ASYNC = "async"
     ASYNC_WITH_PINNED_MEM = "async_with_pinned_mem"
-
-
-class _Torchdata:
-    """A torchtitan data loader seen as the torchdata ``StatefulDataLoader`` it is: its
-    plain state (torchtitan's own ``state_dict`` pickles it into bytes)."""
-
-    def __init__(self, loader: StatefulDataLoader) -> None:
-        self._loader = loader
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = StatefulDataLoader.state_dict(self._loader)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        StatefulDataLoader.load_state_dict(self._loader, state)
 
 
 class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
@@ -131,11 +116,12 @@ class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
             raise InvalidArgumentError(
                 "checkpoint.last_save_in_hf needs the model's state dict adapter (sd_adapter)"
             )
+        refuse_unsupported(config, model_parts)
         self.model_parts = model_parts
         self.states = states
         self.states.update(
             {
-                MODEL: model_entry(model_parts),
+                MODEL: model_parts[0],
                 OPTIMIZER: Delegate(optimizers),
                 LR_SCHEDULER: Delegate(lr_schedulers),
             }
@@ -143,8 +129,9 @@ class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         if dataloader is not None:
             # each data-parallel rank's own position; its iterator is rebuilt on load before
             # the RNG is restored, as the saving run had built it before it saved
-            self.states[DATALOADER] = PerRank(LoaderState(_Torchdata(dataloader)))
+            self.states[DATALOADER] = PerRank(DataParallelLoader(dataloader))
         self.rng = RNGState()
+        self._stale: set[int] = set()  # steps past the one loaded: saved again, they replace
         self._checkpointer: Checkpointer | None = None
         if not config.load_only:
             keep = KeepLatest(config.keep_latest_k) if config.keep_latest_k else None
@@ -167,29 +154,41 @@ class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         if not self._should_save(curr_step, last_step):
             return False
         checkpointer = self._checkpointer
-        if checkpointer is None:  # pragma: no cover - load_only never gets here
-            return False
+        if checkpointer is None:
+            raise InvalidArgumentError(
+                f"save(curr_step={curr_step}) on a closed checkpoint manager: build a new one"
+            )
         self.maybe_wait_for_saving()
-        if curr_step == 0 or (last_step and self.config.last_save_model_only):
-            self._save_model_only(checkpointer, curr_step)
+        model_only = curr_step == 0 or (last_step and self.config.last_save_model_only)
+        if model_only and self.config.last_save_in_hf and curr_step:
+            hf_save(
+                Path(self.folder) / f"hf-step-{curr_step}",
+                self.sd_adapter.to_hf(self._model(curr_step)),
+            )
             return True
-        entries = {k: v for k, v in self.states.items() if v is not None}
-        pending = checkpointer.save(curr_step, entries)
-        if self.config.async_mode is not AsyncMode.DISABLED:
+        entries = (
+            {MODEL: self._model(curr_step)}
+            if model_only
+            else {k: v for k, v in self.states.items() if v is not None}
+        )
+        metrics = {_MODEL_ONLY: 1} if model_only else None
+        # a step of the run rolled back from (load_step) is replaced, as torchtitan's own
+        # manager overwrites it
+        stale = curr_step in self._stale
+        self._stale.discard(curr_step)
+        pending = checkpointer.save(curr_step, entries, metrics, overwrite=stale)
+        if model_only:
+            checkpointer.wait()
+        elif self.config.async_mode is not AsyncMode.DISABLED:
             self.save_future = pending  # type: ignore[assignment]
         return True
 
-    def _save_model_only(self, checkpointer: Checkpointer, step: int) -> None:
-        """The seed checkpoint (step 0) or the last one: the model alone, in the export
-        dtype, as a statekeeper step or, with ``last_save_in_hf``, as Hugging Face
-        safetensors beside the run (``<folder>/hf-step-<N>``)."""
-        dtype = getattr(torch, self.config.export_dtype)
-        state = model_only_state(self.model_parts, dtype if step else None)
-        if self.config.last_save_in_hf and step:
-            hf_save(Path(self.folder) / f"hf-step-{step}", self.sd_adapter.to_hf(state))
-            return
-        checkpointer.save(step, {MODEL: state}, metrics={_MODEL_ONLY: 1})
-        checkpointer.wait()
+    def _model(self, step: int) -> Any:
+        """What a model-only save holds: the model as it is for the seed checkpoint (step
+        0); for the last one, floating tensors in the export dtype."""
+        if step:
+            return model_only_state(self.model_parts, getattr(torch, self.config.export_dtype))
+        return self.states[MODEL]
 
     def _wait_for_saving(self) -> None:
         if self._checkpointer is not None:
@@ -214,25 +213,35 @@ class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         if step != -1 and step not in steps:
             raise FileNotFoundError(
                 f"checkpoint.load_step={step}: no such committed step in {self.folder} "
-                f"(steps: {sorted(steps) or 'none'})"
+                f"(steps: {sorted(steps) or 'none'}; keep_latest_k may have removed it)"
             )
         if not steps:
             return self._initial_load()
-        chosen = step if step != -1 else None
-        model_only = (steps[chosen or max(steps)].metrics or {}).get(_MODEL_ONLY) == 1
-        if model_only:  # its RNG is not this run's to restore
-            load(
-                self.folder,
-                {MODEL: self.states[MODEL]},
-                step=chosen,
-                strict=Strict.ALLOW_UNEXPECTED,
-            )
+        chosen = step if step != -1 else max(steps)
+        self._stale = {s for s in steps if s > chosen}
+        if _model_only(steps[chosen]):
+            if chosen and step == -1 and any(not _model_only(i) for i in steps.values()):
+                newest_full = max(s for s, i in steps.items() if not _model_only(i))
+                raise InvalidArgumentError(
+                    f"the newest step of {self.folder}, {chosen}, is the last save of a "
+                    f"finished run and holds the model alone (last_save_model_only): to go on "
+                    f"training from the newest full step pass "
+                    f"checkpoint.load_step={newest_full}"
+                )
+            # the seed checkpoint, or a model-only step asked for: the model alone (its
+            # RNG is not this run's to restore)
+            model = {MODEL: self.states[MODEL]}
+            load(self.folder, model, step=chosen, strict=Strict.ALLOW_UNEXPECTED)
             return True
         state = self._states_to_load()
-        if chosen is None and self._checkpointer is not None:
-            self._checkpointer.restore_latest(state, strict=self._strict())
-        else:
-            load(self.folder, {**state, RNG_ENTRY: self.rng}, step=chosen, strict=self._strict())
+        try:
+            if step == -1 and self._checkpointer is not None:
+                self._checkpointer.restore_latest(state, strict=self._strict())
+            else:
+                everything = {**state, RNG_ENTRY: self.rng}
+                load(self.folder, everything, step=chosen, strict=self._strict())
+        except KeyMismatchError as exc:
+            raise KeyMismatchError(exc.problems, _KEYS_FIX) from None
         return True
 
     def _strict(self) -> Strict:
@@ -264,11 +273,19 @@ class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
             return True
         if not path:
             return False  # a fresh start
-        if self.config.initial_load_model_only:
-            load(path, {MODEL: self.states[MODEL]}, strict=Strict.ALLOW_UNEXPECTED)
-        else:
-            load(path, {**self._states_to_load(), RNG_ENTRY: self.rng}, strict=self._strict())
+        try:
+            if self.config.initial_load_model_only:
+                load(path, {MODEL: self.states[MODEL]}, strict=Strict.ALLOW_UNEXPECTED)
+            else:
+                full = {**self._states_to_load(), RNG_ENTRY: self.rng}
+                load(path, full, strict=self._strict())
+        except KeyMismatchError as exc:
+            raise KeyMismatchError(exc.problems, _KEYS_FIX) from None
         return True
+
+
+def _model_only(info: Any) -> bool:
+    return bool((info.metrics or {}).get(_MODEL_ONLY) == 1)
 
 
 def _exists(folder: str) -> bool:

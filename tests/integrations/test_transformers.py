@@ -207,3 +207,42 @@ def test_a_killed_ddp_trainer_run_resumes_bitwise(tmp_path: Path) -> None:
     assert job(out, tmp_path / "resumed.st", 0, "resume") == 0
     _same(tmp_path / "straight.st", tmp_path / "resumed.st")
     _same(tmp_path / "resumed.st", Path(f"{tmp_path / 'resumed.st'}.rank1"))
+
+
+def test_a_folder_of_ours_that_lost_its_step_is_refused_not_resumed_bare(tmp_path: Path) -> None:
+    import shutil
+
+    trainer = _tiny_trainer(tmp_path)
+    trainer.train()  # type: ignore[attr-defined]
+    folder = tmp_path / "checkpoint-6"
+    assert not (folder / ".statekeeper.lock").exists()  # nothing of the save's left behind
+    shutil.rmtree(next(folder.glob("step_*")))  # as a kill in the middle of a deletion
+    with pytest.raises(sk.CorruptCheckpointError, match="holds no statekeeper step"):
+        _tiny_trainer(tmp_path).train(resume_from_checkpoint=True)  # type: ignore[attr-defined]
+
+
+def test_a_rolled_back_run_sets_newer_folders_aside(tmp_path: Path) -> None:
+    first = _tiny_trainer(tmp_path, max_steps=8)
+    first.train()  # type: ignore[attr-defined]
+    again = _tiny_trainer(tmp_path, max_steps=8)
+    resumed = again.train  # type: ignore[attr-defined]
+    with pytest.warns(sk.StatekeeperWarning, match="checkpoint-6.abandoned-"):
+        resumed(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    names = sorted(os.listdir(tmp_path))
+    assert [n for n in names if n.startswith("checkpoint-") and "." not in n] == [
+        "checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-8"
+    ]  # fmt: skip
+    assert len([n for n in names if ".abandoned-" in n]) == 2  # 6 and 8 of the first run
+    assert again._sk_loaded is not None and not again._sk_loaded.state  # type: ignore[attr-defined]
+
+
+def test_save_total_limit_counts_the_best_folder(tmp_path: Path) -> None:
+    trainer = _tiny_trainer(
+        tmp_path, max_steps=10, eval_strategy="steps", eval_steps=2,
+        metric_for_best_model="loss", greater_is_better=True, save_total_limit=2,
+        learning_rate=5e-3,
+    )  # fmt: skip
+    trainer.train()  # type: ignore[attr-defined]
+    best = Path(trainer.state.best_model_checkpoint)  # type: ignore[attr-defined]
+    kept = sorted(hf_layout.checkpoints(tmp_path))
+    assert len(kept) == 2 and kept[-1] == 10 and best.name in {f"checkpoint-{s}" for s in kept}

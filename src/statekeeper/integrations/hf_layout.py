@@ -14,12 +14,14 @@ This module knows nothing of the Trainer: ``integrations.transformers`` drives i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
@@ -33,6 +35,8 @@ __all__ = [
     "flush",
     "remove_leftovers",
     "rotate",
+    "safe_removal",
+    "set_aside_newer",
     "staging",
     "verify_files",
 ]
@@ -74,6 +78,41 @@ def commit(built: Path, step: int) -> Path:
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     return final
+
+
+class _SetAside:
+    """``shutil`` for a module that deletes ``checkpoint-N`` folders in place: its
+    ``rmtree`` renames a committed folder aside first (everything else as ``shutil``)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def rmtree(self, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        target = Path(path)
+        if _COMMITTED.match(target.name) and target.is_dir():
+            target = _aside(target, "removing")
+        self._real.rmtree(target, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def safe_removal(module: Any) -> Iterator[None]:
+    """While inside, ``module.shutil.rmtree`` of a committed folder renames it aside first."""
+    real = module.shutil
+    module.shutil = _SetAside(real)
+    try:
+        yield
+    finally:
+        module.shutil = real
+
+
+def set_aside_newer(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
+    """Rename the committed folders of steps past ``step`` to ``checkpoint-N.abandoned-<id>``:
+    left by a run this one rolled back from (or an older run in the same folder), they
+    would otherwise be what a resume picks. Kept, never deleted. Returns the new paths."""
+    return [_aside(p, "abandoned") for s, p in checkpoints(run_dir).items() if s > step]
 
 
 def checkpoints(run_dir: str | os.PathLike[str]) -> dict[int, Path]:

@@ -33,54 +33,25 @@ pins the versions tested (docs/integrations.md).
 
 from __future__ import annotations
 
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from transformers import Trainer
 
-from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.policies import KeepLatest, Retention
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, StatekeeperWarning
 from statekeeper.integrations import hf_layout
-from statekeeper.integrations.held import DeferredRNG, apply_named, named_state
+from statekeeper.integrations.held import apply_named, named_state
+from statekeeper.integrations.hf_resume import ARGS_JSON, LoadedCheckpoint, ours, verify_folder
 from statekeeper.state.rng import RNGState
 
 __all__ = ["StatekeeperTrainer", "StatekeeperTrainerMixin"]
 
 _ARGS_BIN = "training_args.bin"  # pickled by Trainer._save: replaced by JSON
-_ARGS_JSON = "training_args.json"
-
-
-def _step_in(folder: str | Path) -> bool:
-    """Whether ``folder`` holds a statekeeper step (else the plain Trainer saved it)."""
-    path = Path(folder)
-    return path.is_dir() and any(p.name.startswith("step_") and p.is_dir() for p in path.iterdir())
-
-
-class _Loaded:
-    """What the resume read from one ``checkpoint-N``, handed to the Trainer piece by piece
-    as it asks (optimizer, scaler, then the RNG once the data iterator stands where the
-    saving run's stood)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.rng = DeferredRNG()
-        self.state: dict[str, Any] = {
-            "optimizer": {},
-            "scheduler": {},
-            "scaler": {},
-            "files": {},
-            "rng": self.rng,
-        }
-
-    def read(self) -> None:
-        # every byte of the step is verified before anything is assigned; then the
-        # folder's other files against the checksums the step recorded
-        load(self.folder, self.state, strict=Strict.ALLOW_MISSING)
-        hf_layout.verify_files(self.folder, self.state["files"])
 
 
 class StatekeeperTrainerMixin:
@@ -91,7 +62,7 @@ class StatekeeperTrainerMixin:
     """
 
     _sk_retention: Retention | None
-    _sk_loaded: _Loaded | None
+    _sk_loaded: LoadedCheckpoint | None
 
     def __init__(self, *args: Any, retention: Retention | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -113,6 +84,7 @@ class StatekeeperTrainerMixin:
                 ("DeepSpeed", t.is_deepspeed_enabled),
                 ("FSDP", t.is_fsdp_enabled or getattr(t, "is_fsdp_xla_enabled", False)),
                 ("SageMaker model parallel", _sagemaker_mp()),
+                ("tensor parallelism", (getattr(t.args, "tp_size", 1) or 1) > 1),
             )
             if on
         ]
@@ -127,11 +99,18 @@ class StatekeeperTrainerMixin:
                 "StatekeeperTrainer needs save_safetensors=True"
             )
 
-    def _sk_keep(self) -> Retention | None:
+    def _sk_keep(self, run_dir: Path, best: str | None) -> Retention | None:
+        """The retention policy: the one given, else ``save_total_limit`` folders in all,
+        the best one counted among them as the Trainer counts it (with a limit of 1 and a
+        best folder that is not the newest, the Trainer keeps both)."""
         if self._sk_retention is not None:
             return self._sk_retention
         limit = getattr(self, "args").save_total_limit  # noqa: B009
-        return KeepLatest(limit) if limit else None
+        if not limit:
+            return None
+        newest = sorted(hf_layout.checkpoints(run_dir))[-limit:]
+        outside = best is not None and Path(best).name not in {f"checkpoint-{s}" for s in newest}
+        return KeepLatest(limit - 1 if outside and limit > 1 else limit)
 
     # ---- save ---------------------------------------------------------------------------
 
@@ -168,13 +147,15 @@ class StatekeeperTrainerMixin:
             if flushed is not None:
                 flushed.result()
         if args.should_save:
+            (built / ".statekeeper.lock").unlink(missing_ok=True)  # the save's, released
+            _set_aside_newer(run_dir, step)
             hf_layout.commit(built, step)
         _barrier(t)
         if args.push_to_hub:
             t._push_from_checkpoint(str(final))
-        keep = self._sk_keep()
+        best = t.state.best_model_checkpoint
+        keep = self._sk_keep(run_dir, best)
         if args.should_save and keep is not None:
-            best = t.state.best_model_checkpoint
             hf_layout.rotate(run_dir, keep, [final, *([best] if best else [])])
 
     def _sk_note_best(self, run_dir: Path, step: int, final: Path) -> None:
@@ -203,16 +184,14 @@ class StatekeeperTrainerMixin:
 
     # ---- resume -------------------------------------------------------------------------
 
-    def _sk_for(self, checkpoint: str | None) -> _Loaded | None:
+    def _sk_for(self, checkpoint: str | None) -> LoadedCheckpoint | None:
         """The verified contents of ``checkpoint`` (read once), or None for a folder the
         plain Trainer saved."""
-        if checkpoint is None or not _step_in(checkpoint):
+        if checkpoint is None or not ours(checkpoint):
             return None
         folder = Path(checkpoint)
         if self._sk_loaded is None or self._sk_loaded.folder != folder:
-            loaded = _Loaded(folder)
-            loaded.read()
-            self._sk_loaded = loaded
+            self._sk_loaded = LoadedCheckpoint(folder)
         return self._sk_loaded
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
@@ -226,34 +205,43 @@ class StatekeeperTrainerMixin:
             super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
             return
         t: Any = self
-        if loaded.state["optimizer"] and t.optimizer is not None:
-            apply_named(t.optimizer, t.model, loaded.state["optimizer"], loaded.folder)
-        if loaded.state["scheduler"] and t.lr_scheduler is not None:
-            t.lr_scheduler.load_state_dict(loaded.state["scheduler"])
+        optimizer, scheduler = loaded.take("optimizer"), loaded.take("scheduler")
+        if optimizer is not None and t.optimizer is not None:
+            apply_named(t.optimizer, t.model, optimizer, loaded.folder)
+        if scheduler is not None and t.lr_scheduler is not None:
+            t.lr_scheduler.load_state_dict(scheduler)
 
     def _load_scaler(self, checkpoint: str | None) -> None:
         loaded = self._sk_for(checkpoint)
         if loaded is None:
             super()._load_scaler(checkpoint)  # type: ignore[misc]
             return
+        saved = loaded.take("scaler")
         scaler = getattr(getattr(self, "accelerator", None), "scaler", None)
-        if loaded.state["scaler"] and scaler is not None:
-            scaler.load_state_dict(loaded.state["scaler"])
+        if saved is not None and scaler is not None:
+            scaler.load_state_dict(saved)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         loaded = self._sk_for(checkpoint)
         if loaded is None:
             super()._load_rng_state(checkpoint)  # type: ignore[misc]
             return
-        loaded.rng.apply()
+        loaded.restore_rng()
 
     def _load_best_model(self) -> None:
         best = getattr(self, "state").best_model_checkpoint  # noqa: B009
-        if best is not None and _step_in(best):
-            files: dict[str, Any] = {}
-            load(best, {"files": files}, strict=Strict.ALLOW_UNEXPECTED)
-            hf_layout.verify_files(Path(best), files)
+        if best is not None and ours(best):
+            verify_folder(Path(best))
         super()._load_best_model()  # type: ignore[misc]
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; the folders the Trainer itself deletes at the end of a run
+        (``save_total_limit=1`` with a best model) are renamed aside before their files go,
+        so a kill then never leaves a half-deleted ``checkpoint-N`` for a resume to pick."""
+        import transformers.trainer as trainer_module
+
+        with hf_layout.safe_removal(trainer_module):
+            return super().train(*args, **kwargs)  # type: ignore[misc]
 
 
 class StatekeeperTrainer(StatekeeperTrainerMixin, Trainer):
@@ -266,6 +254,19 @@ def _sagemaker_mp() -> bool:
     return bool(is_sagemaker_mp_enabled())
 
 
+def _set_aside_newer(run_dir: Path, step: int) -> None:
+    moved = hf_layout.set_aside_newer(run_dir, step)
+    if moved:
+        warnings.warn(
+            f"statekeeper: {run_dir} held checkpoint folders newer than this run's step "
+            f"{step} (a run this one rolled back from, or an older run): renamed aside as "
+            f"{', '.join(p.name for p in moved)} so that a resume cannot jump onto them; "
+            "delete them when they are not needed",
+            StatekeeperWarning,
+            stacklevel=3,
+        )
+
+
 def _barrier(trainer: Any) -> None:
     if trainer.args.world_size > 1:
         trainer.accelerator.wait_for_everyone()
@@ -274,7 +275,7 @@ def _barrier(trainer: Any) -> None:
 def _args_as_json(trainer: Any, folder: Path) -> None:
     """The training arguments as JSON in place of the pickled ``training_args.bin``."""
     (folder / _ARGS_BIN).unlink(missing_ok=True)
-    (folder / _ARGS_JSON).write_text(trainer.args.to_json_string() + "\n")
+    (folder / ARGS_JSON).write_text(trainer.args.to_json_string() + "\n")
 
 
 def _export_callback_state(trainer: Any) -> None:

@@ -5,6 +5,7 @@ loader's exact position, for frameworks that save what they are handed."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ from statekeeper.errors import StateMismatchError
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
-__all__ = ["DeferredRNG", "LoaderState", "NamedOptimizer", "apply_named", "named_state"]
+__all__ = [
+    "DeferredRNG",
+    "LoaderState",
+    "NamedOptimizer",
+    "apply_named",
+    "named_state",
+    "plain_tree",
+]
 
 _ENTRY = "model"
 
@@ -103,3 +111,13 @@ class LoaderState:
 
     def load_state_dict(self, state: Mapping[str, Any], /) -> None:
         restore_loader(self.loader, state)
+
+
+def plain_tree(value: Any) -> Any:
+    """``value`` with dict subclasses (Lightning's ``AttributeDict``) as plain dicts, which
+    statekeeper stores without pickle (an ``OrderedDict`` stays one)."""
+    if isinstance(value, dict) and type(value) is not OrderedDict:
+        return {k: plain_tree(v) for k, v in value.items()}
+    if type(value) is list:
+        return [plain_tree(v) for v in value]
+    return value

@@ -8,6 +8,10 @@ files, and ``trainer.fit(..., ckpt_path="last")`` loads them. ``StatekeeperCallb
 what Lightning's own checkpoint leaves out for an exact, safe resume: every RNG, and
 optimizer state keyed by parameter name.
 
+Lightning's FSDP2 strategy bypasses ``CheckpointIO``: use
+``StatekeeperModelParallelStrategy`` in place of ``ModelParallelStrategy`` (each rank's
+shards, one statekeeper step).
+
 Lightning Fabric: ``Fabric(plugins=[StatekeeperCheckpointIO()])`` makes ``fabric.save`` /
 ``fabric.load`` write and read statekeeper steps. Fabric saves what it is handed, so hand
 it ``NamedOptimizer(optimizer, model)`` (state by parameter name), ``LoaderState(loader)``
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -37,26 +40,22 @@ from statekeeper.checkpoint.location import committed, resolve_storage
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import LoadStateError
-from statekeeper.integrations.held import LoaderState, NamedOptimizer
+from statekeeper.integrations.held import LoaderState, NamedOptimizer, plain_tree
+from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
 from statekeeper.interop.reading import read
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
-__all__ = ["LoaderState", "NamedOptimizer", "StatekeeperCallback", "StatekeeperCheckpointIO"]
+__all__ = [
+    "LoaderState",
+    "NamedOptimizer",
+    "StatekeeperCallback",
+    "StatekeeperCheckpointIO",
+    "StatekeeperModelParallelStrategy",
+]
 
 _RNG = "statekeeper_rng"
 _OPTIMIZERS = "statekeeper_optimizer_states"  # name-keyed, in place of "optimizer_states"
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with dict subclasses (``AttributeDict``) as dicts; an OrderedDict stays."""
-    if isinstance(value, dict) and type(value) not in (dict, OrderedDict):
-        return {k: _plain(v) for k, v in value.items()}
-    if type(value) is dict:
-        return {k: _plain(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_plain(v) for v in value]
-    return value
 
 
 class StatekeeperCheckpointIO(CheckpointIO):
@@ -70,7 +69,7 @@ class StatekeeperCheckpointIO(CheckpointIO):
         run = Path(path)
         step = int(checkpoint.get("global_step", 0))
         # Lightning calls this on the global rank 0 alone: a local save, never a collective
-        save(run, _plain(checkpoint), step=step, overwrite=True, scope=Scope.LOCAL)
+        save(run, plain_tree(checkpoint), step=step, overwrite=True, scope=Scope.LOCAL)
         storage = resolve_storage(run)
         for entry in committed(storage):  # a name saved again (last.ckpt) keeps one step
             if entry.step != step:

@@ -27,6 +27,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.checksum import Hasher
+from statekeeper.storage.files import fsync_dir
 
 __all__ = [
     "checkpoints",
@@ -54,14 +55,6 @@ def staging(run_dir: str | os.PathLike[str], step: int) -> Path:
     return Path(run_dir) / f"{PREFIX}-{step}.partial"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _aside(path: Path, kind: str) -> Path:
     target = path.with_name(f"{path.name}.{kind}-{uuid.uuid4().hex[:12]}")
     path.rename(target)
@@ -74,7 +67,7 @@ def commit(built: Path, step: int) -> Path:
     final = built.parent / f"{PREFIX}-{step}"
     replaced = _aside(final, "replaced") if final.exists() else None
     built.rename(final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     return final
@@ -180,7 +173,7 @@ def flush(folder: Path, names: Iterable[str]) -> None:
             os.close(fd)
         folders.add(path.parent)
     for each in folders:
-        _fsync_dir(each)
+        fsync_dir(each)
 
 
 def file_checksums(folder: Path) -> dict[str, str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from statekeeper.errors import CorruptCheckpointError
 
 __all__ = [
+    "fsync_dir",
     "link_regular",
     "NAME_RULE",
     "check_name",
@@ -80,6 +81,15 @@ def _refuse(path: str, what: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(
         path, f"is {what}, not a regular file; statekeeper opens only regular files"
     )
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the entries of the directory ``path`` (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def open_directory(path: str | os.PathLike[str]) -> int:

@@ -22,6 +22,7 @@ from statekeeper.errors import CorruptCheckpointError, StorageError
 from statekeeper.storage.base import Capabilities, EntryWriter
 from statekeeper.storage.files import (
     check_name,
+    fsync_dir,
     link_regular,
     open_directory,
     open_regular,
@@ -91,14 +92,6 @@ def write_failure(exc: OSError, doing: str) -> StorageError:
     return StorageError(exc.errno, f"{doing} failed: {reason}{hint}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_durably(
     path: Path, chunks: Iterable[bytes | memoryview], shown: Path | None = None
 ) -> int:
@@ -149,7 +142,7 @@ def write_file(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview
             raise write_failure(exc, f"replacing {target}") from exc
         raise
     try:
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except OSError as exc:
         raise write_failure(exc, f"making {target} durable") from exc
     return size
@@ -191,7 +184,7 @@ class _LocalTransaction(_LocalFiles):
 
     def commit(self) -> None:
         try:
-            _fsync_dir(self._path)
+            fsync_dir(self._path)
         except OSError as exc:
             raise write_failure(exc, f"making {self._path} durable") from exc
         final = self._root / self._final
@@ -205,7 +198,7 @@ class _LocalTransaction(_LocalFiles):
             if old is not None:
                 os.rename(old, final)
             raise StorageError(exc.errno, f"could not commit {final}: {exc.strerror}") from exc
-        _fsync_dir(self._root)
+        fsync_dir(self._root)
         self._done = True
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -318,7 +311,7 @@ class LocalStorage:
         doomed = self.root / f"{entry}{REMOVING}{uuid.uuid4().hex[:12]}"
         try:
             os.rename(path, doomed)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         except FileNotFoundError:
             return
         except OSError as exc:

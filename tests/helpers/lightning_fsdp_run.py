@@ -3,11 +3,11 @@ checkpoints are statekeeper steps through ``StatekeeperModelParallelStrategy``.
 
 Usage: python -m tests.helpers.lightning_fsdp_run CKPT_DIR OUT_FILE EVERY KILL [resume].
 Lightning starts the second process itself. 12 steps (4 batches an epoch per rank) of a
-small model with dropout, its linear layers sharded with ``fully_shard``, Adam, on samples
-that are all alike (see main); a
-``ModelCheckpoint`` every EVERY steps (``save_last=True``). After step KILL (0: never)
-every rank SIGKILLs itself; with ``resume`` the run resumes with ``ckpt_path="last"``.
-Rank 0 writes the full parameters and one more random draw to OUT_FILE.
+small model with dropout (each rank seeded apart), its linear layers sharded with
+``fully_shard``, Adam, on samples that are all alike (see main); a ``ModelCheckpoint``
+every EVERY steps (``save_last=True``). After step KILL (0: never) every rank SIGKILLs
+itself; with ``resume`` the run resumes with ``ckpt_path="last"``. Rank 0 writes the full
+parameters and one more random draw to OUT_FILE.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class Sharded(pl.LightningModule):
         for layer in (self.net[0], self.net[2]):
             fully_shard(layer, mesh=mesh)
         fully_shard(self.net, mesh=mesh)
+
+    def on_fit_start(self) -> None:
+        torch.manual_seed(100 + self.global_rank)  # each rank draws its own dropout masks
 
     def training_step(self, batch: Any, index: int) -> torch.Tensor:
         x, y = batch

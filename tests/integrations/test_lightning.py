@@ -186,7 +186,7 @@ def test_a_killed_fsdp2_run_resumes_bitwise(tmp_path: Path, every: int, kill: in
     last = where / "last.ckpt"
     assert [i.step for i in sk.list_checkpoints(last)] == [kill - 1] and sk.verify(last).ok
     saved = sk.read(last)
-    assert sorted(saved) == ["lightning", "model", "optimizer_0"]
+    assert sorted(saved) == ["lightning", "model", "optimizer_0", "statekeeper_rng"]
     assert sorted(saved["optimizer_0"]["state"])[0] == "model/net.0.bias"  # by name
     assert job(where, tmp_path / "resumed.st", 0, "resume") == 0
     a = load_file(str(tmp_path / "straight.st"))

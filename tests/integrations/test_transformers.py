@@ -226,13 +226,13 @@ def test_a_rolled_back_run_sets_newer_folders_aside(tmp_path: Path) -> None:
     first.train()  # type: ignore[attr-defined]
     again = _tiny_trainer(tmp_path, max_steps=8)
     resumed = again.train  # type: ignore[attr-defined]
-    with pytest.warns(sk.StatekeeperWarning, match="checkpoint-6.abandoned-"):
+    with pytest.warns(sk.StatekeeperWarning, match=r"abandoned\.checkpoint-6\."):
         resumed(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     names = sorted(os.listdir(tmp_path))
     assert [n for n in names if n.startswith("checkpoint-") and "." not in n] == [
         "checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-8"
     ]  # fmt: skip
-    assert len([n for n in names if ".abandoned-" in n]) == 2  # 6 and 8 of the first run
+    assert len([n for n in names if n.startswith("abandoned.")]) == 2  # 6, 8 of the first
     assert again._sk_loaded is not None and not again._sk_loaded.state  # type: ignore[attr-defined]
 
 
@@ -246,3 +246,47 @@ def test_save_total_limit_counts_the_best_folder(tmp_path: Path) -> None:
     best = Path(trainer.state.best_model_checkpoint)  # type: ignore[attr-defined]
     kept = sorted(hf_layout.checkpoints(tmp_path))
     assert len(kept) == 2 and kept[-1] == 10 and best.name in {f"checkpoint-{s}" for s in kept}
+
+
+def test_the_trainers_own_end_of_run_deletions_rename_folders_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save_total_limit=1 with a best folder: at the end of train() the Trainer deletes the
+    other folders itself; each is renamed aside before a file of it goes."""
+    import shutil
+
+    deleted: list[str] = []
+    real = shutil.rmtree
+
+    def recording(path: object, *args: object, **kwargs: object) -> None:
+        deleted.append(Path(str(path)).name)
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutil, "rmtree", recording)
+    trainer = _tiny_trainer(
+        tmp_path, eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
+        metric_for_best_model="loss", greater_is_better=True, save_total_limit=1,
+        learning_rate=5e-3,
+    )  # fmt: skip
+    trainer.train()  # type: ignore[attr-defined]
+    assert any(".removing-" in name for name in deleted)
+    assert not [
+        n
+        for n in deleted
+        if hf_layout.checkpoints(tmp_path) and n.startswith("checkpoint-") and "." not in n
+    ]
+
+
+def test_a_retried_training_loop_loads_the_optimizer_again(tmp_path: Path) -> None:
+    """auto_find_batch_size retries the training loop, which loads the optimizer again:
+    it gets the saved state again, never a fresh optimizer."""
+    first = _tiny_trainer(tmp_path)
+    first.train()  # type: ignore[attr-defined]
+    again = _tiny_trainer(tmp_path)
+    folder = str(tmp_path / "checkpoint-4")
+    again._load_from_checkpoint(folder)  # type: ignore[attr-defined]
+    again.create_optimizer_and_scheduler(num_training_steps=6)  # type: ignore[attr-defined]
+    again._load_optimizer_and_scheduler(folder)  # type: ignore[attr-defined]
+    again.optimizer.state.clear()  # type: ignore[attr-defined]  # a retry builds anew
+    again._load_optimizer_and_scheduler(folder)  # type: ignore[attr-defined]
+    assert len(again.optimizer.state) > 0  # type: ignore[attr-defined]

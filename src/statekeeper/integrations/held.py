@@ -88,7 +88,11 @@ class NamedOptimizer:
     def __init__(self, optimizer: Any, module: torch.nn.Module) -> None:
         _inner(optimizer)  # a wrapper around no torch optimizer is refused here
         self.optimizer = optimizer
-        self.module = module
+        # Fabric's wrapper: the names of the module it wraps (no "_forward_module." prefix)
+        inner = (
+            getattr(module, "module", None) if type(module).__name__ == "_FabricModule" else None
+        )
+        self.module = inner if isinstance(inner, torch.nn.Module) else module
 
     def state_dict(self) -> dict[str, Any]:
         return named_state(self.optimizer, self.module)

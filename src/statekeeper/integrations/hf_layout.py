@@ -15,6 +15,7 @@ This module knows nothing of the Trainer: ``integrations.transformers`` drives i
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import re
 import shutil
@@ -73,9 +74,15 @@ def commit(built: Path, step: int) -> Path:
     return final
 
 
+_REMOVING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "statekeeper_safe_removal", default=False
+)
+
+
 class _SetAside:
-    """``shutil`` for a module that deletes ``checkpoint-N`` folders in place: its
-    ``rmtree`` renames a committed folder aside first (everything else as ``shutil``)."""
+    """``shutil`` for a module that deletes ``checkpoint-N`` folders in place: inside
+    :func:`safe_removal` (in that thread or task alone), its ``rmtree`` renames a committed
+    folder aside first; everything else is ``shutil``'s."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -83,29 +90,49 @@ class _SetAside:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def rmtree(self, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
-        target = Path(path)
-        if _COMMITTED.match(target.name) and target.is_dir():
-            target = _aside(target, "removing")
+    def rmtree(self, path: Any, *args: Any, **kwargs: Any) -> None:
+        target = path
+        if _REMOVING.get() and isinstance(path, str | os.PathLike):
+            folder = Path(path)
+            if _COMMITTED.match(folder.name) and folder.is_dir():
+                try:
+                    target = _aside(folder, "removing")
+                except OSError:
+                    if not kwargs.get("ignore_errors"):
+                        raise
         self._real.rmtree(target, *args, **kwargs)
 
 
 @contextlib.contextmanager
 def safe_removal(module: Any) -> Iterator[None]:
-    """While inside, ``module.shutil.rmtree`` of a committed folder renames it aside first."""
-    real = module.shutil
-    module.shutil = _SetAside(real)
+    """While inside (in this thread or task), ``module.shutil.rmtree`` of a committed
+    folder renames it aside before deleting it. The wrapper is installed once, and acts
+    only where this context is active: other threads, and other code, see ``shutil``."""
+    if not isinstance(module.shutil, _SetAside):
+        module.shutil = _SetAside(module.shutil)
+    token = _REMOVING.set(True)
     try:
         yield
     finally:
-        module.shutil = real
+        _REMOVING.reset(token)
+
+
+_ABANDONED = "abandoned"  # outside the checkpoint-* names that the Trainer globs and prunes
 
 
 def set_aside_newer(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
-    """Rename the committed folders of steps past ``step`` to ``checkpoint-N.abandoned-<id>``:
-    left by a run this one rolled back from (or an older run in the same folder), they
-    would otherwise be what a resume picks. Kept, never deleted. Returns the new paths."""
-    return [_aside(p, "abandoned") for s, p in checkpoints(run_dir).items() if s > step]
+    """Rename the committed folders of steps past ``step`` to
+    ``abandoned.checkpoint-N.<id>``: left by a run this one rolled back from (or an older
+    run in the same folder), they would otherwise be what a resume picks. Kept, never
+    deleted (the Trainer's own pruning looks at ``checkpoint-*`` names only). Returns the
+    new paths."""
+    moved = []
+    for found, path in checkpoints(run_dir).items():
+        if found > step:
+            target = path.with_name(f"{_ABANDONED}.{path.name}.{uuid.uuid4().hex[:12]}")
+            path.rename(target)
+            moved.append(target)
+    return moved
 
 
 def checkpoints(run_dir: str | os.PathLike[str]) -> dict[int, Path]:

@@ -6,41 +6,63 @@ Lightning's sharded strategies bypass ``CheckpointIO``: with
 ``StatekeeperModelParallelStrategy`` saves the same checkpoint as one statekeeper step
 instead (a collective: every rank writes its own shards, rank 0 commits): the sharded
 model and optimizers as live objects (optimizer state keyed by parameter name, each rank's
-DTensor shards), and everything else Lightning keeps (loops, callbacks, schedulers,
-hyper-parameters) as plain, pickle-free values. Loading reads each rank's shards back into
-the live model and optimizers, verified first, in any world size statekeeper can reshard
-to, and returns the rest to Lightning.
+DTensor shards), each rank's own RNG (``StatekeeperCallback``'s), and everything else
+Lightning keeps (loops, callbacks, schedulers, hyper-parameters: rank 0's, as Lightning's
+own strategy keeps them) as plain, pickle-free values. Loading reads each rank's shards
+back into the live model and optimizers, verified first, and returns the rest to
+Lightning. A weights-only checkpoint holds no optimizer state and loads none.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 from pytorch_lightning.strategies import ModelParallelStrategy
 
-from statekeeper.checkpoint.load import load
+from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.location import committed, resolve_storage
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
+from statekeeper.distributed.per_rank import PerRank
+from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.held import plain_tree
+from statekeeper.stateful import Value
 
 __all__ = ["StatekeeperModelParallelStrategy"]
 
 _MODEL = "model"
-_REST = "lightning"  # the checkpoint less the model and the optimizers
+_REST = "lightning"  # the checkpoint less the model, the optimizers and the RNG
+_RNG = "statekeeper_rng"  # StatekeeperCallback's entry: each rank's own
 
 
 class StatekeeperModelParallelStrategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` whose checkpoints are statekeeper steps (see the module)."""
 
-    def _live(self) -> dict[str, Any]:
-        optimizers = [getattr(o, "_optimizer", o) for o in self.optimizers]
-        return {
-            _MODEL: self.lightning_module,
-            **{f"optimizer_{i}": o for i, o in enumerate(optimizers)},
-        }
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self._save_distributed_checkpoint:
+            raise InvalidArgumentError(
+                "StatekeeperModelParallelStrategy saves sharded checkpoints: "
+                "save_distributed_checkpoint=False (one gathered file) is not supported; "
+                "export full weights with statekeeper.export from a saved step instead"
+            )
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return {}  # the live model is saved instead: no state dict gathered for nothing
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        return {}  # the live optimizers are saved instead
+
+    def _live(self, optimizers: bool) -> dict[str, Any]:
+        live: dict[str, Any] = {_MODEL: self.lightning_module}
+        if optimizers:
+            for i, opt in enumerate(self.optimizers):
+                live[f"optimizer_{i}"] = getattr(opt, "_optimizer", opt)
+        return live
 
     def save_checkpoint(
         self,
@@ -54,31 +76,47 @@ class StatekeeperModelParallelStrategy(ModelParallelStrategy):
             )
         run = Path(self.broadcast(str(filepath)))
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+        rng = PerRank(Value(rest.pop(_RNG, None)))
+        state = {**self._live("optimizer_states" in checkpoint), _RNG: rng, _REST: plain_tree(rest)}
         step = int(checkpoint.get("global_step", 0))
-        save(
-            run,
-            {**self._live(), _REST: plain_tree(rest)},
-            step=step,
-            overwrite=True,
-            scope=Scope.AUTO,
-        )
+        save(run, state, step=step, overwrite=True, scope=Scope.AUTO)
+        failure: OSError | None = None
         if self.global_rank == 0:  # a name saved again (last.ckpt) keeps one step
-            storage = resolve_storage(run)
-            for entry in committed(storage):
-                if entry.step != step:
-                    storage.remove(entry.name)
-        self.barrier("statekeeper_save")
+            try:
+                storage = resolve_storage(run)
+                for entry in committed(storage):
+                    if entry.step != step:
+                        storage.remove(entry.name)
+            except OSError as exc:
+                failure = exc
+        self.barrier("statekeeper_save")  # every rank, even when rank 0 failed to prune
+        if failure is not None:
+            raise failure
 
     def load_checkpoint(
         self, checkpoint_path: str | os.PathLike[str], weights_only: bool | None = None
     ) -> dict[str, Any]:
         run = Path(self.broadcast(str(checkpoint_path)))
         rest: dict[str, Any] = {}
-        load(run, {**self._live(), _REST: rest}, scope=Scope.AUTO)
+        rng: Value[Any] = Value(None)
+        strict = Strict.ALLOW_MISSING  # a weights-only checkpoint holds no optimizer state
+        if not getattr(self.lightning_module, "strict_loading", True):
+            strict = Strict.PARTIAL
+        load(
+            run,
+            {**self._live(True), _RNG: PerRank(rng), _REST: rest},
+            scope=Scope.AUTO,
+            strict=strict,
+        )
+        if rng.value is not None:
+            rest[_RNG] = rng.value
         return rest
 
     def remove_checkpoint(self, filepath: str | os.PathLike[str]) -> None:
-        if self.is_global_zero:
-            import shutil
-
-            shutil.rmtree(filepath, ignore_errors=True)
+        if self.is_global_zero and Path(filepath).exists():
+            # renamed first: a kill while it is deleted leaves no half-deleted checkpoint
+            aside = Path(filepath).with_name(
+                f"{Path(filepath).name}.removing-{uuid.uuid4().hex[:12]}"
+            )
+            Path(filepath).rename(aside)
+            shutil.rmtree(aside)

@@ -184,15 +184,17 @@ class StatekeeperTrainerMixin:
 
     # ---- resume -------------------------------------------------------------------------
 
-    def _sk_for(self, checkpoint: str | None) -> LoadedCheckpoint | None:
-        """The verified contents of ``checkpoint`` (read once), or None for a folder the
-        plain Trainer saved."""
+    def _sk_for(self, checkpoint: str | None, need: str = "") -> LoadedCheckpoint | None:
+        """The verified contents of ``checkpoint``, or None for a folder the plain Trainer
+        saved. Read once; read again when ``need`` was handed out already (the Trainer
+        retries its training loop, ``auto_find_batch_size``, and loads again)."""
         if checkpoint is None or not ours(checkpoint):
             return None
         folder = Path(checkpoint)
-        if self._sk_loaded is None or self._sk_loaded.folder != folder:
-            self._sk_loaded = LoadedCheckpoint(folder)
-        return self._sk_loaded
+        loaded = self._sk_loaded
+        if loaded is None or loaded.folder != folder or (need and need not in loaded.state):
+            self._sk_loaded = loaded = LoadedCheckpoint(folder)
+        return loaded
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         self._sk_loaded = None  # a new resume reads its folder afresh
@@ -200,7 +202,7 @@ class StatekeeperTrainerMixin:
         super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        loaded = self._sk_for(checkpoint)
+        loaded = self._sk_for(checkpoint, "optimizer")
         if loaded is None:
             super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
             return
@@ -212,7 +214,7 @@ class StatekeeperTrainerMixin:
             t.lr_scheduler.load_state_dict(scheduler)
 
     def _load_scaler(self, checkpoint: str | None) -> None:
-        loaded = self._sk_for(checkpoint)
+        loaded = self._sk_for(checkpoint, "scaler")
         if loaded is None:
             super()._load_scaler(checkpoint)  # type: ignore[misc]
             return
@@ -222,7 +224,7 @@ class StatekeeperTrainerMixin:
             scaler.load_state_dict(saved)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        loaded = self._sk_for(checkpoint)
+        loaded = self._sk_for(checkpoint, "rng")
         if loaded is None:
             super()._load_rng_state(checkpoint)  # type: ignore[misc]
             return

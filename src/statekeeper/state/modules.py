@@ -12,12 +12,11 @@ import torch
 
 __all__ = ["unwrap"]
 
-_WRAPPERS = ("OptimizedModule", "DataParallel", "DistributedDataParallel", "_FabricModule")
+_WRAPPERS = ("OptimizedModule", "DataParallel", "DistributedDataParallel")
 
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The module inside torch.compile / DataParallel / DDP / Lightning Fabric wrappers
-    (itself if unwrapped)."""
+    """The module inside torch.compile / DataParallel / DDP wrappers (itself if unwrapped)."""
     while type(module).__name__ in _WRAPPERS:
         inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
         if not isinstance(inner, torch.nn.Module):

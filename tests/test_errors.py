@@ -42,3 +42,23 @@ def test_rank_failure_names_and_types_its_causes() -> None:
     assert failure.causes == (sk.CorruptCheckpointError, None)
     assert error_kinds(failure) == ("CorruptCheckpointError", "KeyError")
     assert error_kinds(sk.StepNotFoundError("gone")) == ("StepNotFoundError",)
+
+
+def test_every_error_survives_a_trip_through_pickle() -> None:
+    """torch.distributed gathers a rank's error with pickle: an error whose __init__ takes
+    other arguments than its message must still come back whole (the other ranks would
+    otherwise fail with a TypeError instead of reporting it)."""
+    import pickle
+
+    from statekeeper import errors
+
+    made = [
+        errors.CorruptCheckpointError("/run/step_000000001/tensors-00000.safetensors", "short"),
+        errors.UnsupportedFormatError("/run", 9, [1, 2]),
+        errors.KeyMismatchError(["model/w: missing"], "rebuild the model"),
+        errors.StepExistsError("step 3 exists", "/run/step_000000003"),
+    ]
+    for error in made:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert back.__dict__ == error.__dict__

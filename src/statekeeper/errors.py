@@ -35,6 +35,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "CheckpointUnreadableError",
@@ -68,6 +69,18 @@ _IN_STEP = re.compile(r"(^|[/\\])step_\d+([/\\.]|$)")
 
 class StatekeeperError(Exception):
     """Root of every error statekeeper raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # errors cross processes (torch.distributed gathers a rank's error with pickle):
+        # rebuilt from their arguments and attributes, whatever their own __init__ takes
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    BaseException.__init__(error, *args)
+    error.__dict__.update(attrs)
+    return error
 
 
 class StatekeeperWarning(UserWarning):

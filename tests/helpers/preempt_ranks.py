@@ -92,7 +92,7 @@ def main() -> None:
     if len(sys.argv) > 4:
         rank, world, port = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(60))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     code = run(mode, run_dir, steps, rank, world)
     if world > 1:
         dist.destroy_process_group()

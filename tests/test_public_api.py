@@ -28,7 +28,7 @@ EXPECTED = {
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
     "Mirror", "MirrorError", "MirrorStatus",
     "OnSignal", "inspect", "verify", "ForeignReport", "StepReport", "StepVerification",
-    "VerifyReport",
+    "VerifyReport", "ClearAction", "ClearReport", "Cleared", "clear_state", "register_clear_rule",
 }  # fmt: skip
 
 

@@ -79,6 +79,13 @@ if _typing.TYPE_CHECKING:
     from statekeeper.interop.tied import TiedKeys
     from statekeeper.interop.verification import verify
     from statekeeper.progress import Progress
+    from statekeeper.state.clearing import (
+        ClearAction,
+        Cleared,
+        ClearReport,
+        clear_state,
+        register_clear_rule,
+    )
     from statekeeper.state.optimizer import OptimizerChange
     from statekeeper.state.rng import RNGState
     from statekeeper.stateful import Stateful, Value
@@ -121,6 +128,11 @@ _EXPORTS = {
     "Progress": "statekeeper.progress",
     "PerRank": "statekeeper.distributed.per_rank",
     "RNGState": "statekeeper.state.rng",
+    "ClearAction": "statekeeper.state.clearing",
+    "ClearReport": "statekeeper.state.clearing",
+    "Cleared": "statekeeper.state.clearing",
+    "clear_state": "statekeeper.state.clearing",
+    "register_clear_rule": "statekeeper.state.clearing",
     "RankFailure": "statekeeper.errors",
     "RestoreInfo": "statekeeper.checkpoint.info",
     "ResumableBatchSampler": "statekeeper.data.sampler",
@@ -197,6 +209,11 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ClearAction",
+    "ClearReport",
+    "Cleared",
+    "clear_state",
+    "register_clear_rule",
     "Progress",
     "StateMismatchError",
     "LocationError",

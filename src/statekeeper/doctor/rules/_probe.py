@@ -6,13 +6,13 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Target
+from statekeeper.state.attributes import plain_attributes
 
 __all__ = [
     "fresh_model",
@@ -26,8 +26,6 @@ __all__ = [
     "seed_all",
     "state_ids",
 ]
-
-_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks, training...
 
 
 @contextmanager
@@ -103,15 +101,6 @@ def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         for key, value in model.state_dict(keep_vars=True).items()
         if isinstance(value, torch.Tensor) and id(value) in buffers
     }
-
-
-def plain_attributes(model: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
-    """(module path, attribute, value) for every instance attribute of every submodule that
-    is not ``nn.Module``'s own machinery (``_parameters``, ``_buffers``, hooks, ``training``)."""
-    for path, module in model.named_modules():
-        for attr, value in vars(module).items():
-            if attr not in _INTERNALS:
-                yield path, attr, value
 
 
 def nbytes(t: torch.Tensor) -> int:

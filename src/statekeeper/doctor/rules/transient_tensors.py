@@ -29,19 +29,9 @@ from statekeeper.doctor.rules._probe import (
     plain_attributes,
     state_ids,
 )
+from statekeeper.state.attributes import held_tensors
 
 __all__ = ["TransientTensors"]
-
-
-def _tensors(value: Any) -> list[torch.Tensor] | None:
-    """The tensors of a tensor attribute or of a list/tuple/dict of tensors; None otherwise."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    items = value.values() if isinstance(value, dict) else value
-    if isinstance(value, list | tuple | dict):
-        found = [v for v in items if isinstance(v, torch.Tensor)]
-        return found or None
-    return None
 
 
 @dataclass
@@ -59,7 +49,7 @@ def _attributes(model: torch.nn.Module) -> dict[tuple[str, str], tuple[Any, list
     """(module path, attribute) -> (the value, its tensors) for every tensor attribute."""
     out: dict[tuple[str, str], tuple[Any, list[torch.Tensor]]] = {}
     for path, attr, value in plain_attributes(model):
-        tensors = _tensors(value)
+        tensors = held_tensors(value)
         if tensors is not None:
             out[path, attr] = (value, tensors)
     return out

@@ -184,6 +184,7 @@ def test_manifest_helpers_round_trip(pristine: dict[str, bytes]) -> None:
         '"step"',
         '"created"',
         '"library"',
+        '"origin"',  # where it was written: informational, optional
         '"metrics"',
         '"files"',
         '"tensors"',

@@ -34,6 +34,8 @@ class CheckpointInfo:
     error: str | None = None
     written: int = 0
     reused_files: int = 0
+    library: dict[str, str] = field(default_factory=dict)  # the versions that wrote it
+    origin: dict[str, Any] = field(default_factory=dict)  # host, command line, git...
 
     @classmethod
     def from_manifest(cls, path: str, manifest: Manifest, manifest_bytes: int) -> CheckpointInfo:
@@ -52,6 +54,8 @@ class CheckpointInfo:
             files=len(manifest.files) + 1,
             written=manifest_bytes + manifest.written_bytes(),
             reused_files=len(manifest.reused),
+            library=dict(manifest.library),
+            origin=dict(manifest.origin),
         )
 
 

@@ -99,6 +99,7 @@ class StepReport:
     step: int
     created: str  # ISO 8601, as the manifest records it
     library: Mapping[str, str]  # the versions that wrote it ({"statekeeper": ..., "torch": ...})
+    origin: Mapping[str, Any]  # where: host, command line, world size, devices, git (or {})
     metrics: Mapping[str, Any]
     entries: tuple[EntryReport, ...]
     aliases: Mapping[str, str]  # alias name -> the stored tensor whose memory it shares
@@ -222,6 +223,7 @@ def inspect_location(location: Location) -> StepReport:
         step=manifest.step,
         created=manifest.created,
         library=dict(manifest.library),
+        origin=dict(manifest.origin),
         metrics=metrics,
         entries=entries,
         aliases={name: alias.base for name, alias in manifest.aliases.items()},

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-import torch
-
-from statekeeper._version import __version__
 from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
+from statekeeper.checkpoint.origin import library_versions, origin
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -22,17 +21,18 @@ __all__ = ["Provenance", "RestoreOptions", "SaveOptions"]
 
 @dataclass(frozen=True)
 class Provenance:
-    """Who wrote a step and when: the manifest's ``created`` and ``library`` fields."""
+    """Who wrote a step, when and where: the manifest's ``created``, ``library`` and
+    ``origin`` members (``origin`` empty: not written, as in the golden files)."""
 
     created: str
     library: dict[str, str]
+    origin: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def now(cls) -> Provenance:
-        """This moment (UTC, microseconds), this statekeeper and this torch."""
+        """This moment (UTC, microseconds), these versions, this host and command."""
         return cls(
-            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            {"statekeeper": __version__, "torch": torch.__version__.split("+")[0]},
+            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), library_versions(), origin()
         )
 
 

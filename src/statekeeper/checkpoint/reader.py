@@ -10,6 +10,7 @@ import torch
 
 from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.manifests import read_manifest
+from statekeeper.checkpoint.origin import warn_if_other_torch
 from statekeeper.checkpoint.verifier import Progress, Verifier
 from statekeeper.checkpoint.verify import check_records, file_header, tensors_by_file
 from statekeeper.errors import CorruptCheckpointError
@@ -142,6 +143,7 @@ class PendingStep:
         try:
             self._verifier.start_early()
             self.manifest = manifest = read_manifest(location)
+            warn_if_other_torch(manifest.library, location.path())
             if location.step >= 0 and manifest.step != location.step:
                 raise CorruptCheckpointError(
                     location.path(MANIFEST),

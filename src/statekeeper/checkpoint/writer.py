@@ -212,6 +212,7 @@ def commit(
             step=step,
             created=provenance.created,
             library=provenance.library,
+            origin=provenance.origin,
             metrics=prepared.metrics,
             files=files,
             tensors=tensors,

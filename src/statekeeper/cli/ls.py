@@ -29,6 +29,8 @@ def _info_json(info: CheckpointInfo) -> dict[str, Any]:
         "files": info.files,
         "written": info.written,
         "reused_files": info.reused_files,
+        "library": dict(info.library),
+        "origin": dict(info.origin),
         "error": info.error,
     }
 

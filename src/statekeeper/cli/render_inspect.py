@@ -8,8 +8,8 @@ go out through a :class:`LineWriter`, so the output takes time linear in its siz
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
@@ -86,11 +86,28 @@ def _values_table(entry: EntryReport) -> FastTable:
     return values_table([(row.key or entry.name, row.type, row.value) for row in entry.values])
 
 
+def origin_text(origin: Mapping[str, Any]) -> str:
+    """One line: where a step was written (host, world, devices, git, command)."""
+    parts = [str(origin.get("hostname", "?"))]
+    if origin.get("world_size", 1) != 1:
+        parts.append(f"{origin['world_size']} processes")
+    parts.append(", ".join(str(d) for d in origin.get("devices", [])))
+    git = origin.get("git") or {}
+    if git.get("commit"):
+        parts.append(f"git {str(git['commit'])[:12]}{' (dirty)' if git.get('dirty') else ''}")
+    argv = origin.get("argv") or []
+    if argv:
+        parts.append(" ".join(str(a) for a in argv))
+    return "    ".join(p for p in parts if p)
+
+
 def inspection(report: StepReport) -> None:
     out = LineWriter(stdout_console())
     out.text(f"step {report.step}  {report.path}", "bold")
     versions = ", ".join(f"{k} {v}" for k, v in sorted(report.library.items()))
     out.text(f"created  {report.created}    written by {versions}")
+    if report.origin:
+        out.text(f"origin   {origin_text(report.origin)}")
     if report.metrics:
         out.text(f"metrics  {metrics_text(report.metrics)}")
     for entry in report.entries:

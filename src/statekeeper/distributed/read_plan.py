@@ -11,6 +11,7 @@ import torch
 from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.direct import copy_pairs
 from statekeeper.checkpoint.location import Location
+from statekeeper.checkpoint.origin import warn_if_other_torch
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.distributed.files import VerifiedFiles, buffer_like, local_box, local_memory
 from statekeeper.distributed.state import Split, capture_distributed, optimizer_problems
@@ -57,6 +58,7 @@ class ReadPlan:
     def __init__(self, location: Location, parts: Split, strict: Strict, rank: int, world: int):
         self.location = location
         self.manifest = read_manifest(location)
+        warn_if_other_torch(self.manifest.library, location.path())
         self.files = VerifiedFiles(location, self.manifest)
         self.records = self.files.records()
         raw = self.manifest.state if isinstance(self.manifest.state, dict) else {}

@@ -115,6 +115,7 @@ def _manifest(
         step=step,
         created=provenance.created,
         library=provenance.library,
+        origin=provenance.origin,
         metrics=encode_metrics(metrics),
         files=files,
         tensors=tensors,

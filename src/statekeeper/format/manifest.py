@@ -3,7 +3,7 @@
 The manifest is ASCII JSON: one top-level member per line, the entries of ``files``,
 ``tensors`` and ``aliases`` one per line, every value compact (no spaces), a trailing
 newline. Its members, in this order: ``format``, ``version``, ``step``, ``created``,
-``library``, ``metrics``,
+``library``, (only when recorded: ``origin``), ``metrics``,
 ``files``, ``tensors``, ``aliases``, (only when the save reused files of an earlier step:
 ``reused``), (version 2, sharded steps only: ``sharded`` and
 ``ranks``, see :mod:`statekeeper.format.sharding`), ``state`` and last
@@ -70,6 +70,9 @@ class Manifest:
     aliases: dict[str, Alias]
     state: Json
     sharding: Sharding | None = None
+    origin: dict[str, Json] = field(default_factory=dict)
+    """Where the step was written (host, command line, world size, devices, git state):
+    informational, written only when not empty (the golden files pin it empty)."""
     reused: dict[str, str] = field(default_factory=dict)
     """File of this step -> ``"<entry>/<file>"`` of the earlier step whose identical bytes
     it reuses (linked or copied by the store, not written by this save). Written only when
@@ -86,6 +89,7 @@ class Manifest:
             "step": self.step,
             "created": self.created,
             "library": dict(sorted(self.library.items())),
+            **({"origin": dict(sorted(self.origin.items()))} if self.origin else {}),
             "metrics": dict(sorted(self.metrics.items())),
             "files": {
                 n: {"size": r.size, "checksum": r.checksum} for n, r in sorted(self.files.items())
@@ -146,6 +150,7 @@ class Manifest:
                 state=body["state"],
                 sharding=Sharding.from_json(body) if version == SHARDED_VERSION else None,
                 reused=_reused(body.get("reused", {})),
+                origin=_origin(body.get("origin", {})),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise CorruptCheckpointError(
@@ -156,12 +161,19 @@ class Manifest:
         stray = sorted(set(manifest.reused) - set(manifest.files))
         if stray:
             raise CorruptCheckpointError(path, f"manifest marks unknown files reused: {stray}")
-        problem = depth_problem(manifest.metrics)
-        if problem is not None:
-            raise CorruptCheckpointError(path, f"manifest metrics are {problem}")
+        for member, value in (("metrics", manifest.metrics), ("origin", manifest.origin)):
+            problem = depth_problem(value)
+            if problem is not None:
+                raise CorruptCheckpointError(path, f"manifest {member} are {problem}")
         if manifest.aliases:
             _check_aliases(path, manifest)
         return manifest
+
+
+def _origin(value: object) -> dict[str, Json]:
+    if not isinstance(value, dict):
+        raise TypeError(f"origin is a {type(value).__name__}, not an object")
+    return {str(k): v for k, v in value.items()}
 
 
 def _check_aliases(path: str, manifest: Manifest) -> None:

@@ -1,7 +1,6 @@
-"""clear_state: the Torch7 clearState cases re-made in PyTorch. Owned transient tensors are
-emptied in place (outside references stay the same object), tensors a module does not own
-are only dropped, parameters and buffers are never touched, each module is cleared once,
-and the next forward equals a fresh model's."""
+"""clear_state: the Torch7 clearState cases re-made in PyTorch, and what a generic clearing
+must never do (empty a tensor someone else holds, touch a parameter's bookkeeping, drop a
+constant of __init__, break a pending backward)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,9 @@ import statekeeper as sk
 
 
 class Caching(torch.nn.Module):
-    """Keeps its last output (and the autograd graph behind it)."""
+    """Keeps its last output; owns it Torch7-style (emptied in place when cleared)."""
+
+    statekeeper_owned = ("output",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -26,29 +27,17 @@ class Caching(torch.nn.Module):
         return self.output
 
 
-class Identity(torch.nn.Module):
-    """Caches its input as its output: a tensor it does not own."""
+class InputCache(torch.nn.Module):
+    """Identity-like: caches its input, a tensor it does not own (declared transient)."""
 
-    statekeeper_borrowed = ("output",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.output: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.output = x
-        return x
-
-
-class Narrow(torch.nn.Module):
-    """Keeps a view of its input."""
+    statekeeper_transient = ("input",)
 
     def __init__(self) -> None:
         super().__init__()
-        self.first: torch.Tensor | None = None
+        self.input: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.first = x[:, :2]
+        self.input = x
         return x
 
 
@@ -58,83 +47,106 @@ class Recurrent(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.cell = torch.nn.Linear(4, 4)
+        self.mask = torch.tril(torch.ones(4, 4))  # a constant of __init__: never touched
         self.hidden: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.zeros_like(x) if self.hidden is None else self.hidden
-        self.hidden = torch.tanh(self.cell(x) + h)
+        self.hidden = torch.tanh(self.cell(x) + h @ self.mask)
         return self.hidden
 
 
-def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 def test_an_owned_cached_output_is_emptied_in_place() -> None:
     model = Caching()
-    model(torch.randn(2, 4)).sum().backward()
+    with torch.no_grad():
+        model(torch.randn(2, 4))
     outside = model.output
-    assert outside is not None and outside.grad_fn is not None
-    before = _params(model)
+    before = _weights(model)
     report = sk.ClearReport()
     assert sk.clear_state(model, report=report) is model
-    assert model.output is None  # back to what __init__ left
-    assert outside.numel() == 0 and outside.grad_fn is None  # the same object, emptied
-    assert report.cleared == [sk.Cleared("output", sk.ClearAction.EMPTIED, 2 * 4 * 4)]
-    assert report.bytes == 32
+    assert model.output is None and outside is not None and outside.numel() == 0
+    assert report.cleared == [sk.Cleared("output", sk.ClearAction.EMPTIED, 32)]
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_pending_backward_still_runs_and_an_outside_reference_survives() -> None:
+    model = Caching()
+    loss = model(torch.randn(2, 4)).sum()
+    kept = model.output
+    report = sk.ClearReport()
+    sk.clear_state(model, report=report)  # before backward: only let go, never emptied
+    loss.backward()
+    assert model.output is None and kept is not None and kept.shape == (2, 4)
+    assert report.cleared == [sk.Cleared("output", sk.ClearAction.RELEASED, 32)]
+
+
 def test_an_identity_like_modules_input_survives() -> None:
-    model = torch.nn.Sequential(Identity())
+    model = torch.nn.Sequential(InputCache(), Caching())
     x = torch.randn(2, 4)
     kept = x.clone()
-    model(x)
-    report = sk.ClearReport()
-    sk.clear_state(model, report=report)
-    assert torch.equal(x, kept)  # the caller's tensor, untouched
-    assert model[0].output is None
-    assert report.cleared == [sk.Cleared("0.output", sk.ClearAction.DROPPED, 0)]
-
-
-def test_a_second_holder_and_a_view_are_dropped_not_emptied() -> None:
-    model = torch.nn.Sequential(Caching(), Identity(), Narrow())
-    model(torch.randn(3, 4))
-    owner = model[0].output
-    view = model[2].first
-    report = sk.ClearReport()
-    sk.clear_state(model, report=report)
-    actions = {c.path: c.action for c in report.cleared}
-    assert actions == {
-        "0.output": sk.ClearAction.EMPTIED,
-        "1.output": sk.ClearAction.DROPPED,
-        "2.first": sk.ClearAction.DROPPED,
-    }
-    assert owner is not None and owner.numel() == 0
-    assert view is not None and view.shape == (3, 2)  # a view of the caller's input: kept
-
-
-def test_a_tensor_aliasing_a_parameter_is_never_emptied() -> None:
-    model = Caching()
-    model.output = model.linear.weight.detach()  # the weight's storage
-    weight = model.linear.weight.detach().clone()
+    with torch.no_grad():
+        model(x)
     sk.clear_state(model)
-    assert model.output is None and torch.equal(model.linear.weight, weight)
+    assert torch.equal(x, kept) and model[0].input is None
+
+
+def test_views_and_other_models_parameters_survive() -> None:
+    teacher = torch.nn.Linear(4, 4)
+    weight = teacher.weight.detach().clone()
+
+    class Holder(torch.nn.Module):
+        statekeeper_owned = ("refs", "first")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.refs: list[torch.Tensor] = []
+            self.first: torch.Tensor | None = None
+
+    model = Holder()
+    model.refs.append(teacher.weight)
+    base = torch.randn(3, 4)
+    model.first = base[:, :2]
+    report = sk.ClearReport()
+    sk.clear_state(model, report=report)
+    assert torch.equal(teacher.weight, weight) and base.shape == (3, 4)  # both intact
+    assert model.refs == [teacher.weight]  # a parameter (of any model): never touched
+    assert model.first is None  # the view let go; its base is the caller's, untouched
+    assert [c.path for c in report.cleared] == ["first"]
+
+
+def test_parameters_bookkeeping_and_constants_are_never_touched() -> None:
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 4)
+    model = torch.nn.Sequential(lstm)
+    x = torch.randn(3, 2, 4)
+    expected = lstm(x)[0]
+    sk.clear_state(model)
+    assert torch.equal(lstm(x)[0], expected)  # _flat_weights kept
+    rec = Recurrent()
+    rec(torch.randn(2, 4))
+    sk.clear_state(rec)
+    assert rec.mask.shape == (4, 4)
 
 
 def test_a_module_shared_twice_is_cleared_once() -> None:
     shared = Caching()
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
-    model(torch.randn(2, 4))
+    with torch.no_grad():
+        model(torch.randn(2, 4))
     report = sk.ClearReport()
     sk.clear_state(model, report=report)
     assert [c.path for c in report.cleared] == ["0.output"]
 
 
-def test_a_modules_own_rule_replaces_the_generic_one() -> None:
+def test_a_modules_own_rule_replaces_the_generic_one_and_may_call_it() -> None:
     class KeepsAnEmptyOutput(Caching):
-        def clear_state(self) -> None:  # constructed as an empty tensor, cleared to one
+        def statekeeper_clear_state(self) -> None:
+            sk.clear_state(self)  # the generic part, then its own construction-time value
             self.output = torch.empty(0)
 
     class Registered(Caching):
@@ -143,14 +155,21 @@ def test_a_modules_own_rule_replaces_the_generic_one() -> None:
     calls: list[Any] = []
     sk.register_clear_rule(Registered, calls.append)
     own, registered = KeepsAnEmptyOutput(), Registered()
-    own(torch.randn(1, 4))
-    registered(torch.randn(1, 4))
+    with torch.no_grad():
+        own(torch.randn(1, 4))
+        registered(torch.randn(1, 4))
     sk.clear_state(own)
     sk.clear_state(registered)
     assert own.output is not None and own.output.numel() == 0
     assert calls == [registered] and registered.output is not None  # the rule decided
     with pytest.raises(sk.InvalidArgumentError, match="register_clear_rule"):
         sk.register_clear_rule("Caching", calls.append)  # type: ignore[arg-type]
+
+    class Static(torch.nn.Module):
+        statekeeper_clear_state = staticmethod(lambda: None)
+
+    with pytest.raises(sk.InvalidArgumentError, match="plain method"):
+        sk.clear_state(Static())
 
 
 def test_a_recurrent_hidden_state_is_cleared_and_the_next_forward_is_a_fresh_models() -> None:
@@ -160,21 +179,38 @@ def test_a_recurrent_hidden_state_is_cleared_and_the_next_forward_is_a_fresh_mod
     fresh.load_state_dict(model.state_dict())
     x = torch.randn(2, 4)
     model(x)
-    model(x)  # the hidden state now carries the last two steps
+    model(x)  # the hidden state carries the last two steps (and their graph)
     assert not torch.equal(model(x), fresh(x))
     sk.clear_state(model)
     sk.clear_state(fresh)
+    assert model.hidden is None
     assert torch.equal(model(x), fresh(x))
 
 
-def test_activations_cached_by_a_hook_are_freed() -> None:
+def test_activations_kept_by_a_hook_are_let_go() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     model.seen = []  # type: ignore[assignment]
     model[0].register_forward_hook(lambda m, i, o: model.seen.append(o))  # type: ignore[union-attr]
     model(torch.randn(2, 4))
     model(torch.randn(2, 4))
-    held = list(model.seen)  # type: ignore[arg-type]
     report = sk.ClearReport()
     sk.clear_state(model, report=report)
-    assert model.seen == [] and all(t.numel() == 0 for t in held)
-    assert report.cleared == [sk.Cleared("seen", sk.ClearAction.EMPTIED, 2 * 2 * 4 * 4)]
+    assert model.seen == []
+    assert report.cleared == [sk.Cleared("seen", sk.ClearAction.RELEASED, 2 * 2 * 4 * 4)]
+
+
+def test_a_mixed_container_and_a_tuple_state() -> None:
+    class Mixed(torch.nn.Module):
+        statekeeper_transient = ("conf", "state")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conf: dict[str, Any] = {"scale": 2.0}
+            self.state: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    model = Mixed()
+    model.conf["buf"] = torch.ones(2)
+    model.state = (torch.ones(1), torch.ones(1))
+    sk.clear_state(model)
+    assert model.conf["scale"] == 2.0  # a container that also holds other values: left
+    assert model.state is None  # an LSTMCell-style (h, c) state: back to None

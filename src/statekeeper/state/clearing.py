@@ -1,34 +1,41 @@
-"""``clear_state(module)``: a model's transient tensors freed in place (Torch7's ``clearState``).
+"""``clear_state(module)``: a model's transient tensors let go (Torch7's ``clearState``).
 
-Transient tensors are what a module holds besides its parameters, buffers and submodules:
-cached outputs, the last forward's hidden state, attention caches, activations kept by a
-hook (found as the doctor's SK004 finds them: tensor attributes, or lists, tuples and dicts
-of tensors one level deep). ``state_dict()`` leaves them out, but they hold memory, are
-pickled with the module, and change what the next forward computes.
+Transient tensors are what a module holds besides its parameters, buffers and submodules,
+put there by its forward: cached outputs, the last hidden state of a recurrent or spiking
+layer, attention caches, activations a hook keeps. ``state_dict()`` leaves them out, but
+they hold memory (and often the autograd graph behind them), are pickled with the module,
+and change what the next forward computes.
 
-The rules (Torch7's design discussion, kept):
+Which attributes are cleared, on each module:
 
-- a tensor the module owns is **emptied in place** (``set_()`` to zero elements, its autograd
-  history dropped): an outside reference to it stays the same object and sees it empty;
-- then the attribute goes back to what PyTorch modules start with: ``None`` for a tensor,
-  the same list or dict emptied, an empty tuple (a module constructed otherwise, such as
-  ``self.output = torch.empty(0)``, defines its own ``clear_state``);
-- a tensor the module does **not** own is only **dropped by reference** (the attribute
-  reset as above) and never emptied, or its owner's data would be destroyed: a view of
-  another tensor, a tensor sharing storage with a parameter or buffer, one held by an
-  earlier module of the traversal (a module whose cached output is another module's cached
-  output), and every tensor a module declares borrowed in its class attribute
-  ``statekeeper_borrowed`` (attribute names: an identity-like module whose cached output
-  *is* its input lists ``"output"``, so the caller's input survives);
-- a module that knows better defines ``clear_state(self)``, or a rule is registered for its
-  class (:func:`register_clear_rule`); it is called instead of the generic clearing, for that
-  module's own attributes;
-- parameters and buffers are never touched; each module is visited once, however often it
-  is reachable.
+- the attributes its class lists in ``statekeeper_transient`` (names), whatever they hold;
+- any other attribute holding a tensor with autograd history (``grad_fn``): a product of a
+  forward, never a constant of ``__init__``;
+- a tensor is a plain attribute, or a list, tuple or dict of tensors only (one level deep,
+  as the doctor's SK004 looks); a container that also holds other values is left alone,
+  and so is any attribute holding a parameter or buffer (``nn.LSTM``'s ``_flat_weights``,
+  DDP's bookkeeping).
+
+How: the attribute is reset to what PyTorch modules start with (``None`` for a tensor or a
+tuple, the same list or dict emptied), which lets its memory go unless something else holds
+it; nothing anyone else holds is destroyed. A class that owns its tensors Torch7-style lists
+them in ``statekeeper_owned`` as well: those are **emptied in place** first (``set_()`` to
+zero elements, autograd history dropped), so an outside reference to one stays the same
+object and sees it empty; in place only what can be (a strided, non-inference tensor that
+is no parameter and has no pending graph), the rest is only let go.
+
+A module that knows better defines ``statekeeper_clear_state(self)``, or a rule is
+registered for its class (:func:`register_clear_rule`); the nearest one in the class's MRO
+replaces the generic clearing for that module's own attributes (it may call
+``clear_state(self)`` for the generic part). Each module is visited once; the generic
+clearing checks every attribute before it changes any.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -42,22 +49,28 @@ from statekeeper.state.attributes import INTERNALS, held_tensors
 __all__ = ["ClearAction", "ClearReport", "Cleared", "clear_state", "register_clear_rule"]
 
 M = TypeVar("M", bound=torch.nn.Module)
-_RULES: dict[type, Callable[[torch.nn.Module], object]] = {}
-_OWN_METHOD = "clear_state"
-_BORROWED = "statekeeper_borrowed"
+Rule = Callable[[torch.nn.Module], object]
+_RULES: dict[type, Rule] = {}
+_HOOK = "statekeeper_clear_state"
+_TRANSIENT = "statekeeper_transient"
+_OWNED = "statekeeper_owned"
+_IN_RULE: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "statekeeper_clear_rule", default=frozenset()
+)
 
 
 class ClearAction(StrEnum):
     """What happened to one attribute."""
 
-    EMPTIED = "emptied"  # owned tensors set to zero elements in place
-    DROPPED = "dropped"  # not owned: the reference dropped, the tensor untouched
-    CUSTOM = "custom"  # the module's own clear_state() or a registered rule ran
+    EMPTIED = "emptied"  # owned tensors emptied in place, then the attribute reset
+    RELEASED = "released"  # the attribute reset: its tensors go unless held elsewhere
+    CUSTOM = "custom"  # the module's own statekeeper_clear_state() or a registered rule ran
 
 
 @dataclass(frozen=True)
 class Cleared:
-    """One attribute ``clear_state`` cleared: ``path`` is ``module.path.attribute``."""
+    """One attribute (``module.path.attribute``) or module (``CUSTOM``) cleared; ``bytes``
+    is the tensor data it held (each tensor counted once)."""
 
     path: str
     action: ClearAction
@@ -66,20 +79,19 @@ class Cleared:
 
 @dataclass
 class ClearReport:
-    """What a ``clear_state`` call freed; pass one as ``report=`` to have it filled."""
+    """What a ``clear_state`` call cleared; pass one as ``report=`` to have it filled."""
 
     cleared: list[Cleared] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
-        """Bytes of tensor data emptied in place (dropped references free memory only when
-        nothing else holds the tensor)."""
-        return sum(c.bytes for c in self.cleared if c.action is ClearAction.EMPTIED)
+        """Tensor bytes the cleared attributes held."""
+        return sum(c.bytes for c in self.cleared)
 
 
-def register_clear_rule(cls: type, rule: Callable[[torch.nn.Module], object]) -> None:
+def register_clear_rule(cls: type, rule: Rule) -> None:
     """Clear instances of ``cls`` (and its subclasses) with ``rule(module)`` instead of the
-    generic clearing (for classes you cannot give a ``clear_state`` method)."""
+    generic clearing (for classes you cannot give a ``statekeeper_clear_state`` method)."""
     if not isinstance(cls, type) or not callable(rule):
         raise InvalidArgumentError(
             "register_clear_rule takes a class and a callable rule(module), "
@@ -88,79 +100,118 @@ def register_clear_rule(cls: type, rule: Callable[[torch.nn.Module], object]) ->
     _RULES[cls] = rule
 
 
-def _rule_for(module: torch.nn.Module) -> Callable[[torch.nn.Module], object] | None:
+def _rule_for(module: torch.nn.Module) -> Rule | None:
+    """The nearest registered rule or ``statekeeper_clear_state`` function in the MRO."""
+    if id(module) in _IN_RULE.get():
+        return None  # its own rule is running and asked for the generic part
     for cls in type(module).__mro__:
         if cls in _RULES:
             return _RULES[cls]
-    own = getattr(type(module), _OWN_METHOD, None)
-    return (lambda m: own(m)) if callable(own) else None
+        own = vars(cls).get(_HOOK)
+        if own is not None:
+            if not inspect.isfunction(own):
+                raise InvalidArgumentError(
+                    f"{cls.__qualname__}.{_HOOK} must be a plain method (def {_HOOK}(self)), "
+                    f"got {type(own).__name__}"
+                )
+            return own
+    return None
 
 
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse...)
-        return 0
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if id(t) in seen or t.device.type == "meta":
+            continue
+        seen.add(id(t))
+        with contextlib.suppress(RuntimeError, NotImplementedError):  # exotic subclasses
+            total += t.numel() * t.element_size()
+    return total
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    try:
-        return t.numel() * t.element_size()
-    except (RuntimeError, NotImplementedError):
-        return 0
+def _emptiable(t: torch.Tensor, model: set[int]) -> bool:
+    return (
+        type(t) is torch.Tensor
+        and id(t) not in model
+        and t.layout is torch.strided
+        and not t.is_inference()
+        and t.grad_fn is None
+        and not t.requires_grad
+    )
 
 
 def _empty(t: torch.Tensor) -> None:
     with torch.no_grad():
-        if t.grad_fn is not None:
-            t.detach_()  # its autograd graph (and what the graph saved) goes too
         t.set_()  # type: ignore[call-overload]
-    t.grad = None
 
 
-def _drop(module: torch.nn.Module, attr: str, value: Any) -> None:
+def _reset(module: torch.nn.Module, attr: str, value: Any) -> None:
     if isinstance(value, list | dict):
         value.clear()  # the same container, emptied: references to it stay valid
-    elif isinstance(value, tuple):
-        setattr(module, attr, ())
     else:
         setattr(module, attr, None)
 
 
+@dataclass
+class _Plan:
+    module: torch.nn.Module
+    attr: str
+    value: Any
+    tensors: list[torch.Tensor]
+    empty: list[torch.Tensor]
+    name: str
+
+
+def _pure(value: Any, tensors: list[torch.Tensor]) -> bool:
+    """A tensor, or a container of tensors only."""
+    if isinstance(value, torch.Tensor):
+        return True
+    items = list(value.values()) if isinstance(value, dict) else list(value)
+    return len(items) == len(tensors)
+
+
+def _plan(root: torch.nn.Module, report: ClearReport) -> list[_Plan]:
+    model = {id(t) for t in (*root.parameters(), *root.buffers())}
+    plans: list[_Plan] = []
+    for path, sub in root.named_modules():  # each module once
+        rule = _rule_for(sub)
+        if rule is not None:
+            token = _IN_RULE.set(_IN_RULE.get() | {id(sub)})
+            try:
+                rule(sub)
+            finally:
+                _IN_RULE.reset(token)
+            report.cleared.append(Cleared(path, ClearAction.CUSTOM, 0))
+            continue
+        declared = set(getattr(type(sub), _TRANSIENT, ()))
+        owned = set(getattr(type(sub), _OWNED, ()))
+        for attr, value in vars(sub).items():
+            tensors = None if attr in INTERNALS else held_tensors(value)
+            if not tensors or not _pure(value, tensors):
+                continue
+            if any(isinstance(t, torch.nn.Parameter) or id(t) in model for t in tensors):
+                continue  # the module's own machinery (nn.LSTM's _flat_weights, DDP's lists)
+            graph = any(t.grad_fn is not None for t in tensors)
+            if attr not in declared | owned and not graph:
+                continue  # a constant of __init__ or a value that is not the forward's
+            empty = [t for t in tensors if attr in owned and _emptiable(t, model)]
+            name = f"{path}.{attr}" if path else attr
+            plans.append(_Plan(sub, attr, value, tensors, empty, name))
+    return plans
+
+
 def clear_state(module: M, *, report: ClearReport | None = None) -> M:
-    """Free ``module``'s transient tensors in place, following the rules of the module
-    docstring; returns ``module`` (``sk.export(clear_state(model), ...)``)."""
+    """Clear ``module``'s transient tensors, following the rules of the module docstring;
+    returns ``module`` (``sk.export(clear_state(model), ...)``)."""
     if not isinstance(module, torch.nn.Module):
         raise InvalidArgumentError(f"clear_state takes a torch.nn.Module, got {type(module)}")
     out = report if report is not None else ClearReport()
-    protected = {_storage(t) for t in (*module.parameters(), *module.buffers())}
-    protected |= {_storage(p.grad) for p in module.parameters() if p.grad is not None}
-    seen: set[int] = set()
-    for path, sub in module.named_modules():  # each module once
-        rule = _rule_for(sub)
-        if rule is not None:
-            rule(sub)
-            out.cleared.append(Cleared(path, ClearAction.CUSTOM, 0))
-            continue
-        borrowed = set(getattr(type(sub), _BORROWED, ()))
-        for attr, value in list(vars(sub).items()):
-            tensors = None if attr in INTERNALS else held_tensors(value)
-            if not tensors:
-                continue
-            name = f"{path}.{attr}" if path else attr
-            keys = [_storage(t) for t in tensors]
-            owned = (
-                attr not in borrowed
-                and not any(t._is_view() for t in tensors)
-                and not any(k in protected or k in seen for k in keys if k)
-            )
-            seen.update(k for k in keys if k)
-            if owned:
-                size = sum(_nbytes(t) for t in tensors)
-                for t in tensors:
-                    _empty(t)
-                out.cleared.append(Cleared(name, ClearAction.EMPTIED, size))
-            else:
-                out.cleared.append(Cleared(name, ClearAction.DROPPED, 0))
-            _drop(sub, attr, value)
+    for plan in _plan(module, out):  # planned first: nothing changes before every check
+        size = _nbytes(plan.tensors)
+        for t in plan.empty:
+            _empty(t)
+        _reset(plan.module, plan.attr, plan.value)
+        action = ClearAction.EMPTIED if plan.empty else ClearAction.RELEASED
+        out.cleared.append(Cleared(plan.name, action, size))
     return module

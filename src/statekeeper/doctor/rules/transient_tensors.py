@@ -98,7 +98,9 @@ class TransientTensors:
                 "bloats any whole-module pickle or deepcopy",
                 f"don't keep activations on self (return them), or `del self.{h.attr}` / set it "
                 "to None after use; if it is a real cache, "
-                f"register_buffer('{h.attr}', ..., persistent=False)",
+                f"register_buffer('{h.attr}', ..., persistent=False); or declare it on the "
+                f"class, `statekeeper_transient = ('{h.attr}',)`, and call "
+                "statekeeper.clear_state(model) before saving or exporting the whole module",
                 tensor=h.attr, shape=h.shape, bytes=h.bytes,
             )  # fmt: skip
 

@@ -50,7 +50,7 @@ def test_a_step_of_another_torch_release_warns_once(tmp_path: Path) -> None:
         created="2024-01-01T00:00:00.000000Z",
         library={"statekeeper": "0.1.0", "torch": "1.99.0"},
     )  # fmt: skip
-    origin_module._warned.discard(("1.99.0", torch.__version__.split("+")[0]))
+    origin_module._warned.clear()
     live = {"w": torch.zeros(1)}
     with pytest.warns(sk.StatekeeperWarning, match=r"saved by torch 1\.99\.0"):
         sk.load(tmp_path, live)
@@ -96,3 +96,35 @@ def test_an_origin_that_is_not_an_object_makes_the_manifest_corrupt() -> None:
     resealed = zeroed.replace("0" * 32 + '"\n}', digest + '"\n}')
     with pytest.raises(sk.CorruptCheckpointError, match="origin is a list"):
         Manifest.from_bytes("m", resealed.encode())
+
+
+def test_origin_never_fails_a_save_and_escapes_what_it_cannot_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> int:
+        raise RuntimeError("the process group is gone")
+
+    monkeypatch.setattr(origin_module, "_world_size", broken)
+    monkeypatch.setattr("sys.argv", ["train.py", "--name=caf\udce9", "x" * 5000])
+    info = sk.save(tmp_path, {"w": torch.ones(1)}, step=1)
+    assert "world_size" not in info.origin and info.origin["hostname"]  # left out; saved
+    argv = info.origin["argv"]
+    assert argv[0] == "train.py" and argv[1] == "--name=caf\\xe9"
+    assert argv[2].endswith("[cut]") and sum(len(a) for a in argv) < 2100
+    raw = (tmp_path / "step_000000001" / "manifest.json").read_bytes()
+    assert b"\\\\xe9" in raw and b"\\udc" not in raw.lower()
+
+
+def test_reading_the_git_state_leaves_the_index_alone(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+    (tmp_path / "a.py").touch()  # stat data changed: a plain `git status` rewrites the index
+    index = tmp_path / ".git" / "index"
+    before = index.stat().st_mtime_ns
+    assert origin_module._git_state(str(tmp_path))["dirty"] is False
+    assert index.stat().st_mtime_ns == before

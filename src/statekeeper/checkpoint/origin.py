@@ -10,12 +10,14 @@ fails a save: what cannot be read is left out. The git state is read once per pr
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import re
 import socket
 import subprocess
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,25 +57,34 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def _text(value: object) -> str:
+    """``value`` as text any strict JSON reader takes: bytes a name could not be decoded
+    from (lone surrogates) become backslash escapes."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = os.fsencode(text).decode("utf-8", "backslashreplace")
+    return text
+
+
 def _command() -> list[str]:
-    argv = [str(a) for a in sys.argv]
-    if sum(len(a) for a in argv) <= _ARGV_CHARS:
-        return argv
+    """The command line, each argument cut to what is left of 2000 characters (so the
+    program name always stays), with ``[cut]`` where arguments were left out."""
     kept: list[str] = []
-    for arg in argv:
-        if sum(len(a) for a in kept) + len(arg) > _ARGV_CHARS:
-            return [*kept, "..."]
-        kept.append(arg)
+    room = _ARGV_CHARS
+    for arg in (_text(a) for a in sys.argv):
+        if room <= 0:
+            return [*kept, "[cut]"]
+        kept.append(arg if len(arg) <= room else arg[:room] + "[cut]")
+        room -= len(arg)
     return kept
 
 
 def _devices() -> list[str]:
     kinds = ["cpu"]
-    try:
-        if torch.cuda.is_available():
-            kinds.append(f"cuda x{torch.cuda.device_count()}")
-    except RuntimeError:
-        pass
+    if torch.cuda.is_available():
+        kinds.append(f"cuda x{torch.cuda.device_count()}")
     return kinds
 
 
@@ -83,23 +94,29 @@ def _world_size() -> int:
 
 
 def _git(*args: str, cwd: Path) -> str | None:
+    # no optional locks: git status must not rewrite the user's index (or hold its lock
+    # while the user commits); the environment's GIT_DIR & co. do not redirect it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_OPTIONAL_LOCKS"] = "0"
     try:
         done = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=_GIT_SECONDS,
-            stdin=subprocess.DEVNULL,
+            ["git", "--no-optional-locks", *args], cwd=cwd, capture_output=True,
+            timeout=_GIT_SECONDS, stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    return done.stdout.decode("utf-8", "replace").strip()
 
 
 @functools.cache
 def _git_state(where: str) -> dict[str, Any]:
     """The commit (and a dirty flag) of the git working tree holding ``where``; empty when
-    there is none, git is missing, or it does not answer within two seconds."""
+    there is none, git is missing, or it does not answer within two seconds a command."""
     cwd = Path(where)
     commit = _git("rev-parse", "HEAD", cwd=cwd)
-    if not commit:
+    if not commit or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
         return {}
     state: dict[str, Any] = {"commit": commit}
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
@@ -110,24 +127,32 @@ def _git_state(where: str) -> dict[str, Any]:
 
 def _script_dir() -> str:
     main = getattr(sys.modules.get("__main__"), "__file__", None)
-    return str(Path(main).resolve().parent) if main else str(Path.cwd())
+    if main and Path(main).is_file():
+        return str(Path(main).resolve().parent)
+    return str(Path.cwd())
+
+
+def _field(read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except Exception:  # a field that cannot be read is left out: never a failed save
+        return None
 
 
 def origin() -> dict[str, Any]:
-    """Where this process is: host, command line, world size, devices, git state."""
-    found: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "argv": _command(),
-        "world_size": _world_size(),
-        "devices": _devices(),
+    """Where this process is: host, command line, world size, devices, git state; a field
+    that cannot be read is left out."""
+    found = {
+        "hostname": _field(lambda: _text(socket.gethostname())),
+        "argv": _field(_command),
+        "world_size": _field(_world_size),
+        "devices": _field(_devices),
+        "git": _field(lambda: _git_state(_script_dir()) or None),
     }
-    git = _git_state(_script_dir())
-    if git:
-        found["git"] = git
-    return found
+    return {k: v for k, v in found.items() if v is not None}
 
 
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple[tuple[int, ...] | None, tuple[int, ...] | None]] = set()
 
 
 def _feature_release(version: str) -> tuple[int, ...] | None:
@@ -144,9 +169,10 @@ def warn_if_other_torch(library: Mapping[str, str], where: str) -> None:
     state-dict layouts move between them)."""
     saved = library.get("torch")
     live = _release(torch.__version__)
-    if not saved or _feature_release(saved) == _feature_release(live) or (saved, live) in _warned:
+    pair = (_feature_release(saved or ""), _feature_release(live))
+    if not saved or pair[0] == pair[1] or pair in _warned:
         return
-    _warned.add((saved, live))
+    _warned.add(pair)
     warnings.warn(
         f"{where} was saved by torch {saved} and is loaded by torch {live}: numerics and "
         "state-dict layouts can differ between torch releases; compare a resumed run with "

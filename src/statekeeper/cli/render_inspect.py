@@ -87,17 +87,21 @@ def _values_table(entry: EntryReport) -> FastTable:
 
 
 def origin_text(origin: Mapping[str, Any]) -> str:
-    """One line: where a step was written (host, world, devices, git, command)."""
+    """One line: where a step was written (host, world, devices, git, command); a field of
+    an unexpected shape (another writer's) is shown as it is."""
     parts = [str(origin.get("hostname", "?"))]
-    if origin.get("world_size", 1) != 1:
-        parts.append(f"{origin['world_size']} processes")
-    parts.append(", ".join(str(d) for d in origin.get("devices", [])))
-    git = origin.get("git") or {}
-    if git.get("commit"):
+    world = origin.get("world_size", 1)
+    if world != 1:
+        parts.append(f"{world} processes")
+    devices = origin.get("devices")
+    parts.append(", ".join(map(str, devices)) if isinstance(devices, list) else str(devices or ""))
+    git = origin.get("git")
+    if isinstance(git, Mapping) and git.get("commit"):
         parts.append(f"git {str(git['commit'])[:12]}{' (dirty)' if git.get('dirty') else ''}")
-    argv = origin.get("argv") or []
-    if argv:
-        parts.append(" ".join(str(a) for a in argv))
+    elif git:
+        parts.append(f"git {git}")
+    argv = origin.get("argv")
+    parts.append(" ".join(map(str, argv)) if isinstance(argv, list) else str(argv or ""))
     return "    ".join(p for p in parts if p)
 
 

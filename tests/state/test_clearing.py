@@ -214,3 +214,47 @@ def test_a_mixed_container_and_a_tuple_state() -> None:
     sk.clear_state(model)
     assert model.conf["scale"] == 2.0  # a container that also holds other values: left
     assert model.state is None  # an LSTMCell-style (h, c) state: back to None
+
+
+def test_the_callers_containers_and_tied_views_survive() -> None:
+    class Keeps(torch.nn.Module):
+        statekeeper_transient = ("batch",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(3, 4)
+            self.wt = self.emb.weight.t()  # tied, with autograd history: not transient
+            self.batch: dict[str, torch.Tensor] = {}
+            self.last: list[torch.Tensor] = []
+
+        def forward(self, batch: dict[str, torch.Tensor], xs: list[torch.Tensor]) -> None:
+            self.batch = batch
+            self.last = xs
+
+    model = Keeps()
+    batch = {"x": torch.ones(2)}
+    xs = [torch.ones(2, requires_grad=True) * 2]
+    model(batch, xs)
+    sk.clear_state(model)
+    assert list(batch) == ["x"] and len(xs) == 1  # the caller's containers: untouched
+    assert model.batch == {} and model.last == [] and model.wt.shape == (4, 3)
+
+
+def test_a_rule_asking_for_the_generic_part_does_not_clear_its_children_twice() -> None:
+    calls: list[str] = []
+
+    class Child(Caching):
+        def statekeeper_clear_state(self) -> None:
+            calls.append("child")
+
+    class Parent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.child = Child()
+
+        def statekeeper_clear_state(self) -> None:
+            calls.append("parent")
+            sk.clear_state(self)
+
+    sk.clear_state(Parent())
+    assert calls == ["parent", "child"]

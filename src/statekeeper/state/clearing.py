@@ -10,25 +10,31 @@ Which attributes are cleared, on each module:
 
 - the attributes its class lists in ``statekeeper_transient`` (names), whatever they hold;
 - any other attribute holding a tensor with autograd history (``grad_fn``): a product of a
-  forward, never a constant of ``__init__``;
+  forward (a constant of ``__init__`` has none, and a view of a parameter, tied weights'
+  ``self.wt = emb.weight.t()``, is left alone);
 - a tensor is a plain attribute, or a list, tuple or dict of tensors only (one level deep,
   as the doctor's SK004 looks); a container that also holds other values is left alone,
   and so is any attribute holding a parameter or buffer (``nn.LSTM``'s ``_flat_weights``,
   DDP's bookkeeping).
 
 How: the attribute is reset to what PyTorch modules start with (``None`` for a tensor or a
-tuple, the same list or dict emptied), which lets its memory go unless something else holds
-it; nothing anyone else holds is destroyed. A class that owns its tensors Torch7-style lists
-them in ``statekeeper_owned`` as well: those are **emptied in place** first (``set_()`` to
-zero elements, autograd history dropped), so an outside reference to one stays the same
-object and sees it empty; in place only what can be (a strided, non-inference tensor that
-is no parameter and has no pending graph), the rest is only let go.
+tuple, a new empty list or dict: the old one may be the caller's), which lets its memory go
+unless something else holds it; nothing anyone else holds is destroyed.
+
+A class that owns its tensors Torch7-style lists them in ``statekeeper_owned`` as well:
+those are **emptied in place** first (``set_()`` to zero elements; an owned list or dict
+is emptied too), so an outside reference to one stays the same object and sees it empty;
+in place only what can be (a strided, non-inference tensor that is no parameter and has
+no autograd history), the rest is only let go. Emptying in place is a promise that nothing
+else uses the tensor: call it after ``backward()``, as a graph that saved an owned tensor
+cannot run once it is emptied.
 
 A module that knows better defines ``statekeeper_clear_state(self)``, or a rule is
 registered for its class (:func:`register_clear_rule`); the nearest one in the class's MRO
 replaces the generic clearing for that module's own attributes (it may call
-``clear_state(self)`` for the generic part). Each module is visited once; the generic
-clearing checks every attribute before it changes any.
+``clear_state(self)``, which then clears that module's own attributes, generically, and
+not its children). Each module is visited once; the generic clearing checks every
+attribute before it changes any (rules run as they are met).
 """
 
 from __future__ import annotations
@@ -146,9 +152,11 @@ def _empty(t: torch.Tensor) -> None:
         t.set_()  # type: ignore[call-overload]
 
 
-def _reset(module: torch.nn.Module, attr: str, value: Any) -> None:
-    if isinstance(value, list | dict):
-        value.clear()  # the same container, emptied: references to it stay valid
+def _reset(module: torch.nn.Module, attr: str, value: Any, owned: bool) -> None:
+    if owned and isinstance(value, list | dict):
+        value.clear()  # its own container, emptied: references to it stay valid
+    elif isinstance(value, list | dict):
+        setattr(module, attr, type(value)())  # maybe the caller's: rebound, never emptied
     else:
         setattr(module, attr, None)
 
@@ -161,6 +169,7 @@ class _Plan:
     tensors: list[torch.Tensor]
     empty: list[torch.Tensor]
     name: str
+    owned: bool
 
 
 def _pure(value: Any, tensors: list[torch.Tensor]) -> bool:
@@ -171,10 +180,18 @@ def _pure(value: Any, tensors: list[torch.Tensor]) -> bool:
     return len(items) == len(tensors)
 
 
+def _param_view(t: torch.Tensor, model: set[int]) -> bool:
+    """A view of one of the model's parameters or buffers (``self.wt = emb.weight.t()``)."""
+    base = t._base if t._is_view() else None
+    return base is not None and id(base) in model
+
+
 def _plan(root: torch.nn.Module, report: ClearReport) -> list[_Plan]:
     model = {id(t) for t in (*root.parameters(), *root.buffers())}
     plans: list[_Plan] = []
-    for path, sub in root.named_modules():  # each module once
+    # called by a module's own rule for the generic part: that module's attributes alone
+    walk = [("", root)] if id(root) in _IN_RULE.get() else list(root.named_modules())
+    for path, sub in walk:  # each module once
         rule = _rule_for(sub)
         if rule is not None:
             token = _IN_RULE.set(_IN_RULE.get() | {id(sub)})
@@ -190,14 +207,17 @@ def _plan(root: torch.nn.Module, report: ClearReport) -> list[_Plan]:
             tensors = None if attr in INTERNALS else held_tensors(value)
             if not tensors or not _pure(value, tensors):
                 continue
-            if any(isinstance(t, torch.nn.Parameter) or id(t) in model for t in tensors):
-                continue  # the module's own machinery (nn.LSTM's _flat_weights, DDP's lists)
+            if any(
+                isinstance(t, torch.nn.Parameter) or id(t) in model or _param_view(t, model)
+                for t in tensors
+            ):
+                continue  # machinery (nn.LSTM's _flat_weights, DDP's lists), tied views
             graph = any(t.grad_fn is not None for t in tensors)
             if attr not in declared | owned and not graph:
                 continue  # a constant of __init__ or a value that is not the forward's
             empty = [t for t in tensors if attr in owned and _emptiable(t, model)]
             name = f"{path}.{attr}" if path else attr
-            plans.append(_Plan(sub, attr, value, tensors, empty, name))
+            plans.append(_Plan(sub, attr, value, tensors, empty, name, attr in owned))
     return plans
 
 
@@ -211,7 +231,7 @@ def clear_state(module: M, *, report: ClearReport | None = None) -> M:
         size = _nbytes(plan.tensors)
         for t in plan.empty:
             _empty(t)
-        _reset(plan.module, plan.attr, plan.value)
+        _reset(plan.module, plan.attr, plan.value, plan.owned)
         action = ClearAction.EMPTIED if plan.empty else ClearAction.RELEASED
         out.cleared.append(Cleared(plan.name, action, size))
     return module

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import warnings
 from pathlib import Path
 
@@ -66,18 +67,27 @@ def test_the_git_state_of_the_working_tree(tmp_path: Path) -> None:
 
     assert origin_module._git_state(str(tmp_path)) == {}  # not a repository: left out
     repo = tmp_path / "repo"
+
+    def settled(where: Path) -> dict[str, object]:
+        """The state once the dirty flag (read on its own thread) has come in."""
+        origin_module._git_state(str(where))
+        for thread in threading.enumerate():
+            if thread.name != "MainThread" and thread.daemon:
+                thread.join(timeout=30)  # a hang guard only
+        return origin_module._git_state(str(where))
+
     repo.mkdir()
     tmp_path = repo
     git("init", "-q")
     (repo / "train.py").write_text("print(1)\n")
     git("add", "train.py")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
-    state = origin_module._git_state(str(repo))
+    state = settled(repo)
     assert len(state["commit"]) == 40 and state["dirty"] is False
     (repo / "train.py").write_text("print(2)\n")
     sub = repo / "sub"
     sub.mkdir()
-    assert origin_module._git_state(str(sub))["dirty"] is True  # read once per folder
+    assert settled(sub)["dirty"] is True  # read once per folder
 
 
 def test_an_origin_that_is_not_an_object_makes_the_manifest_corrupt() -> None:
@@ -126,5 +136,6 @@ def test_reading_the_git_state_leaves_the_index_alone(tmp_path: Path) -> None:
     (tmp_path / "a.py").touch()  # stat data changed: a plain `git status` rewrites the index
     index = tmp_path / ".git" / "index"
     before = index.stat().st_mtime_ns
-    assert origin_module._git_state(str(tmp_path))["dirty"] is False
+    origin_module._read_dirty(str(tmp_path))
+    assert origin_module._dirty[str(tmp_path)] is False
     assert index.stat().st_mtime_ns == before

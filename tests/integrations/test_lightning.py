@@ -45,15 +45,13 @@ def test_a_killed_lightning_run_resumes_bitwise(
 
 def test_lightnings_async_checkpoint_io_saves_through_the_plugin(tmp_path: Path) -> None:
     """Lightning's AsyncCheckpointIO wrapping the plugin: each save runs on its thread on
-    a copy of the tensors; a kill while one is being written leaves the previous commit,
-    and the resume is still exact."""
+    a copy of the tensors, and the resume is exact (a kill in the middle of a save is the
+    plugin's own commit protocol, tested with the core's kill tests)."""
     assert _run(tmp_path / "straight", tmp_path / "straight.st", 3, 0, "-", "async") == 0
     where = tmp_path / "killed"
     assert _run(where, tmp_path / "unused.st", 3, 13, "-", "async") == -9
     steps = [i.step for i in sk.list_checkpoints(where / "last.ckpt")]
-    # the thread may still be writing an older save when the kill comes: one committed
-    # step, whichever it reached
-    assert len(steps) == 1 and steps[0] in (3, 6, 9, 12) and sk.verify(where / "last.ckpt").ok
+    assert steps == [12] and sk.verify(where / "last.ckpt").ok  # written on the thread
     assert _run(where, tmp_path / "resumed.st", 3, 0, "resume", "async") == 0
     a = load_file(str(tmp_path / "straight.st"))
     b = load_file(str(tmp_path / "resumed.st"))

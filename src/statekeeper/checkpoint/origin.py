@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -110,18 +111,75 @@ def _git(*args: str, cwd: Path) -> str | None:
     return done.stdout.decode("utf-8", "replace").strip()
 
 
+def _git_dir(start: Path) -> Path | None:
+    """The ``.git`` directory of the working tree holding ``start`` (a worktree's or a
+    submodule's ``.git`` file followed)."""
+    for folder in (start, *start.parents):
+        dot = folder / ".git"
+        if dot.is_dir():
+            return dot
+        if dot.is_file():
+            text = dot.read_text(errors="replace").strip()
+            if text.startswith("gitdir:"):
+                return (folder / text.split(":", 1)[1].strip()).resolve()
+    return None
+
+
+def _head(gitdir: Path) -> str | None:
+    """The commit HEAD names, read from the files (no git process): a detached hash, a
+    loose ref, or a line of ``packed-refs``."""
+    head = (gitdir / "HEAD").read_text(errors="replace").strip()
+    if not head.startswith("ref: "):
+        return head
+    ref = head[5:].strip()
+    common = gitdir
+    if (gitdir / "commondir").is_file():
+        common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+    for base in (gitdir, common):
+        if (base / ref).is_file():
+            return (base / ref).read_text(errors="replace").strip()
+    packed = common / "packed-refs"
+    if packed.is_file():
+        for line in packed.read_text(errors="replace").splitlines():
+            if line.endswith(" " + ref):
+                return line.split(" ", 1)[0]
+    return None
+
+
+_dirty: dict[str, bool] = {}
+_dirty_lock = threading.Lock()
+
+
+def _read_dirty(where: str) -> None:
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=Path(where))
+    if status is not None:
+        with _dirty_lock:
+            _dirty[where] = bool(status)
+
+
 @functools.cache
-def _git_state(where: str) -> dict[str, Any]:
-    """The commit (and a dirty flag) of the git working tree holding ``where``; empty when
-    there is none, git is missing, or it does not answer within two seconds a command."""
-    cwd = Path(where)
-    commit = _git("rev-parse", "HEAD", cwd=cwd)
+def _commit_of(where: str) -> str | None:
+    """HEAD's commit of the working tree holding ``where``, read from its files (a few
+    reads, once per process); the dirty flag is read by ``git status`` on a thread of its
+    own, started here, so that no save waits for it."""
+    gitdir = _git_dir(Path(where))
+    commit = _head(gitdir) if gitdir is not None else None
     if not commit or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
+        return None
+    threading.Thread(target=_read_dirty, args=(where,), daemon=True).start()
+    return commit
+
+
+def _git_state(where: str) -> dict[str, Any]:
+    """The commit and, once ``git status`` has answered (within two seconds, on its own
+    thread), the dirty flag of the working tree holding ``where``; empty without one."""
+    commit = _commit_of(where)
+    if commit is None:
         return {}
     state: dict[str, Any] = {"commit": commit}
-    status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
-    if status is not None:
-        state["dirty"] = bool(status)
+    with _dirty_lock:
+        if where in _dirty:
+            state["dirty"] = _dirty[where]
     return state
 
 

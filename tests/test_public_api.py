@@ -28,7 +28,8 @@ EXPECTED = {
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
     "Mirror", "MirrorError", "MirrorStatus",
     "OnSignal", "inspect", "verify", "ForeignReport", "StepReport", "StepVerification",
-    "VerifyReport", "ClearAction", "ClearReport", "Cleared", "clear_state", "register_clear_rule",
+    "VerifyReport", "ClearAction", "ClearInclude", "ClearMode", "ClearReport", "Cleared",
+    "clear_state", "register_clear_rule",
 }  # fmt: skip
 
 

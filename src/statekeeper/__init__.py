@@ -82,6 +82,8 @@ if _typing.TYPE_CHECKING:
     from statekeeper.state.clearing import (
         ClearAction,
         Cleared,
+        ClearInclude,
+        ClearMode,
         ClearReport,
         clear_state,
         register_clear_rule,
@@ -129,6 +131,8 @@ _EXPORTS = {
     "PerRank": "statekeeper.distributed.per_rank",
     "RNGState": "statekeeper.state.rng",
     "ClearAction": "statekeeper.state.clearing",
+    "ClearInclude": "statekeeper.state.clearing",
+    "ClearMode": "statekeeper.state.clearing",
     "ClearReport": "statekeeper.state.clearing",
     "Cleared": "statekeeper.state.clearing",
     "clear_state": "statekeeper.state.clearing",
@@ -210,6 +214,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ClearAction",
+    "ClearInclude",
+    "ClearMode",
     "ClearReport",
     "Cleared",
     "clear_state",

@@ -59,6 +59,11 @@ def test_a_step_of_another_torch_release_warns_once(tmp_path: Path) -> None:
         warnings.simplefilter("error", sk.StatekeeperWarning)
         sk.load(tmp_path, live)  # once per pair of versions
     assert torch.equal(live["w"], torch.ones(1))
+    for saved in ("golden", "", torch.__version__):  # nothing to compare, or the same release
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sk.StatekeeperWarning)
+            origin_module.warn_if_other_torch({"torch": saved}, "step")
+            origin_module.warn_if_other_torch({}, "step")
 
 
 def test_the_git_state_of_the_working_tree(tmp_path: Path) -> None:
@@ -72,8 +77,8 @@ def test_the_git_state_of_the_working_tree(tmp_path: Path) -> None:
         """The state once the dirty flag (read on its own thread) has come in."""
         origin_module._git_state(str(where))
         for thread in threading.enumerate():
-            if thread.name != "MainThread" and thread.daemon:
-                thread.join(timeout=30)  # a hang guard only
+            if thread.name == origin_module.GIT_THREAD:
+                thread.join(timeout=60)  # a hang guard only
         return origin_module._git_state(str(where))
 
     repo.mkdir()

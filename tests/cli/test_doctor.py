@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,73 @@ def test_python_api_is_statekeeper_doctor_run() -> None:
 
 
 def test_report_prints_user_text_literally(capsys: pytest.CaptureFixture[str]) -> None:
-    from statekeeper.cli import render
+    from statekeeper.cli import render_doctor
     from statekeeper.doctor.finding import Finding, Report, Severity
 
     finding = Finding("SK004", Severity.WARNING, "[bold]blocks", "cache[0] at :llama:", "fix it")
     report = Report("models:llama", (finding,), (("SK004", "x"), ("SK006", "y")),
                     (("SK006", "needs an example input: return ..."),), 0.5)  # fmt: skip
-    render.doctor_report(report, as_json=False)
+    render_doctor.doctor_report(report, as_json=False)
     out = capsys.readouterr().out
     assert "models:llama" in out and "[bold]blocks" in out and "cache[0] at :llama:" in out
     assert "1 of 2 rules skipped" in out
+
+
+class _Cache(torch.nn.Module):
+    statekeeper_transient = ("hidden",)  # already declared: kept, not proposed again
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("membrane", torch.zeros(1, 4))
+        self.hidden: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.hidden = self.fc(x)
+        self.last_input = x * 1.0
+        self.membrane = self.membrane * 0.5 + self.hidden.detach()
+        return self.hidden
+
+
+def transient_model() -> dict[str, Any]:
+    return {"model": torch.nn.Sequential(_Cache(), _Cache()), "example_input": torch.ones(3, 4)}
+
+
+def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
+    result = CliRunner().invoke(main, ["doctor", f"{__name__}:transient_model", "--fix-transient"])
+    assert result.exit_code == 1, result.output
+    assert "class _Cache(...):" in result.output and "at model.0, model.1" in result.output
+    assert "statekeeper_transient = ('hidden', 'last_input')" in result.output
+    assert "statekeeper_batch_state = ('membrane',)" in result.output
+    assert "include=statekeeper.ClearInclude.BATCH_STATE" in result.output
+    data = json.loads(
+        CliRunner()
+        .invoke(main, ["doctor", f"{__name__}:transient_model", "--fix-transient", "--json"])
+        .output
+    )
+    (fix,) = data["classes"]
+    assert fix["class"].endswith("._Cache") and fix["added"] == ["last_input", "membrane"]
+    line = inspect.getsourcelines(_Cache)[1]
+    assert fix["source"] == f"{inspect.getsourcefile(_Cache)}:{line}"
+
+    class Declared(_Cache):  # what the doctor proposed, applied: clear_state frees it all
+        statekeeper_transient = ("hidden", "last_input")
+        statekeeper_batch_state = ("membrane",)
+
+    import statekeeper as sk
+
+    model = Declared()
+    with torch.no_grad():
+        model(torch.ones(3, 4))
+    sk.clear_state(model, include=sk.ClearInclude.BATCH_STATE)
+    assert model.hidden is None and model.last_input is None
+    assert torch.equal(model.membrane, torch.zeros(3, 4))
+
+
+def test_fix_transient_on_a_clean_model_and_on_a_checkpoint(tmp_path: Path) -> None:
+    clean = CliRunner().invoke(main, ["doctor", f"{__name__}:good_model", "--fix-transient"])
+    assert clean.exit_code == 0 and "SK004 skipped: needs an example input" in clean.output
+    path = tmp_path / "weights.pt"
+    path.write_bytes(b"")
+    result = CliRunner().invoke(main, ["doctor", str(path), "--fix-transient"])
+    assert result.exit_code == 3 and "reads a model, not a checkpoint" in result.output

@@ -162,23 +162,38 @@ def test_the_oldest_supported_lightning_resumes_bitwise(tmp_path: Path) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
+def _fsdp_job(where: Path, out: Path, every: int, kill: int, *more: str) -> int:
+    args = [sys.executable, "-m", "tests.helpers.lightning_fsdp_run", str(where), str(out)]
+    done = subprocess.run(
+        [*args, str(every), str(kill), *more],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode in (0, -9), done.stderr[-3000:]
+    return done.returncode
+
+
+@pytest.fixture(scope="module")
+def fsdp_straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted FSDP2 run (saving every 3 steps), the reference of every kill: a
+    resumed run that saved at other steps must end the same, as saving never changes
+    training."""
+    where = tmp_path_factory.mktemp("fsdp_straight")
+    assert _fsdp_job(where / "run", where / "straight.st", 3, 0) == 0
+    return where / "straight.st"
+
+
 @pytest.mark.xdist_group("gloo")
 @pytest.mark.parametrize(("every", "kill"), [(3, 7), (4, 9)])  # mid-epoch; at its end
-def test_a_killed_fsdp2_run_resumes_bitwise(tmp_path: Path, every: int, kill: int) -> None:
+def test_a_killed_fsdp2_run_resumes_bitwise(
+    tmp_path: Path, fsdp_straight: Path, every: int, kill: int
+) -> None:
     """Lightning's FSDP2 strategy bypasses CheckpointIO: StatekeeperModelParallelStrategy
     saves each rank's shards as one statekeeper step; killed and resumed with
     ckpt_path="last", two gloo ranks end bitwise identical."""
 
     def job(where: Path, out: Path, kill: int, *more: str) -> int:
-        args = [sys.executable, "-m", "tests.helpers.lightning_fsdp_run", str(where), str(out)]
-        done = subprocess.run(
-            [*args, str(every), str(kill), *more],
-            cwd=ROOT, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert done.returncode in (0, -9), done.stderr[-3000:]
-        return done.returncode
+        return _fsdp_job(where, out, every, kill, *more)
 
-    assert job(tmp_path / "straight", tmp_path / "straight.st", 0) == 0
     where = tmp_path / "killed"
     assert job(where, tmp_path / "unused.st", kill) == -9
     last = where / "last.ckpt"
@@ -187,7 +202,7 @@ def test_a_killed_fsdp2_run_resumes_bitwise(tmp_path: Path, every: int, kill: in
     assert sorted(saved) == ["lightning", "model", "optimizer_0", "statekeeper_rng"]
     assert sorted(saved["optimizer_0"]["state"])[0] == "model/net.0.bias"  # by name
     assert job(where, tmp_path / "resumed.st", 0, "resume") == 0
-    a = load_file(str(tmp_path / "straight.st"))
+    a = load_file(str(fsdp_straight))
     b = load_file(str(tmp_path / "resumed.st"))
     assert a.keys() == b.keys()
     for key in a:

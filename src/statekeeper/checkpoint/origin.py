@@ -28,7 +28,7 @@ import torch
 from statekeeper._version import __version__
 from statekeeper.errors import StatekeeperWarning, user_stacklevel
 
-__all__ = ["library_versions", "origin", "warn_if_other_torch"]
+__all__ = ["GIT_THREAD", "library_versions", "origin", "warn_if_other_torch"]
 
 _ARGV_CHARS = 2000  # a command line longer than that is cut (with a marker)
 _GIT_SECONDS = 2.0
@@ -146,6 +146,7 @@ def _head(gitdir: Path) -> str | None:
     return None
 
 
+GIT_THREAD = "statekeeper-git-status"
 _dirty: dict[str, bool] = {}
 _dirty_lock = threading.Lock()
 
@@ -166,7 +167,7 @@ def _commit_of(where: str) -> str | None:
     commit = _head(gitdir) if gitdir is not None else None
     if not commit or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
         return None
-    threading.Thread(target=_read_dirty, args=(where,), daemon=True).start()
+    threading.Thread(target=_read_dirty, args=(where,), name=GIT_THREAD, daemon=True).start()
     return commit
 
 
@@ -224,11 +225,12 @@ def _feature_release(version: str) -> tuple[int, ...] | None:
 def warn_if_other_torch(library: Mapping[str, str], where: str) -> None:
     """A ``StatekeeperWarning``, once per pair of versions in a process, when the step at
     ``where`` was written by another torch feature release (2.4 and 2.13: numerics and
-    state-dict layouts move between them)."""
+    state-dict layouts move between them). A version that is not one (a pinned "golden", a
+    local build's name) says nothing and never warns."""
     saved = library.get("torch")
     live = _release(torch.__version__)
     pair = (_feature_release(saved or ""), _feature_release(live))
-    if not saved or pair[0] == pair[1] or pair in _warned:
+    if None in pair or pair[0] == pair[1] or pair in _warned:
         return
     _warned.add(pair)
     warnings.warn(

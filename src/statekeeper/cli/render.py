@@ -1,6 +1,7 @@
 """All output of the command line: rich for people, JSON for programs.
 
-This module and its siblings ``render_inspect`` and ``render_interop`` (which print through
+This module and its siblings ``render_inspect``, ``render_interop`` and ``render_doctor``
+(which print through
 :func:`stdout_console`) are the only ones of statekeeper that write to the terminal.
 Commands build plain data and hand it here; nothing else prints.
 """
@@ -34,7 +35,6 @@ from statekeeper.progress import Progress as ProgressCallback
 
 if TYPE_CHECKING:
     from statekeeper.checkpoint.verification import StepVerification, VerifyReport
-    from statekeeper.doctor.finding import Report as DoctorReport
 
 __all__ = [
     "ByteProgress",
@@ -243,36 +243,3 @@ def verify_summary(report: VerifyReport) -> None:
             style="bold green",
         )
     stdout_console().print(text, soft_wrap=True)
-
-
-def doctor_report(report: DoctorReport, as_json: bool) -> None:
-    """The doctor's findings grouped by severity, each with its fix; or JSON. User text (the
-    target's name, problems, tensor names) is printed as text, never as markup or emoji."""
-    if as_json:
-        emit_json(report.to_json())
-        return
-    out = stdout_console()
-    head = Text("statekeeper doctor", style="bold")
-    head.append(f" {report.target}: {len(report.rules)} rules, {report.seconds:.1f} s", style="")
-    out.print(head, soft_wrap=True)
-    from statekeeper.doctor.finding import Severity  # the doctor (and torch) only here
-
-    colors = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
-    for severity, color in colors.items():
-        for f in report.by_severity(severity):
-            what = f" {f.tensor}" if f.tensor else ""
-            size = f" {tuple(f.shape)}" if f.shape is not None else ""
-            size += f" {human_bytes(f.bytes)}" if f.bytes is not None else ""
-            line = Text(f"{f.rule} {severity}", style=color)
-            line.append(f" {f.where}{what}", style="bold")
-            line.append(size)
-            out.print(line, soft_wrap=True)
-            out.print(Text(f"  {f.problem}"), soft_wrap=True)
-            out.print(Text(f"  fix: {f.fix}"), soft_wrap=True)
-    for rule, reason in report.skipped:
-        out.print(Text(f"{rule} skipped: {reason}", style="dim"), soft_wrap=True)
-    counts = ", ".join(f"{len(report.by_severity(s))} {s}" for s in colors)
-    summary = "clean" if not report.findings else counts
-    if report.skipped:
-        summary += f" ({len(report.skipped)} of {len(report.rules)} rules skipped: see above)"
-    out.print(Text(summary), soft_wrap=True)

@@ -1,4 +1,4 @@
-"""``clear_state(module)``: a model's transient tensors let go (Torch7's ``clearState``).
+"""``clear_state(module)``: a model's transient tensors freed (Torch7's ``clearState``).
 
 Transient tensors are what a module holds besides its parameters, buffers and submodules,
 put there by its forward: cached outputs, the last hidden state of a recurrent or spiking
@@ -6,44 +6,43 @@ layer, attention caches, activations a hook keeps. ``state_dict()`` leaves them 
 they hold memory (and often the autograd graph behind them), are pickled with the module,
 and change what the next forward computes.
 
-Which attributes are cleared, on each module:
+**Which attributes**, on each module (a tensor, or a list, tuple or dict of tensors only,
+one level deep, as the doctor's SK004 looks):
 
-- the attributes its class lists in ``statekeeper_transient`` (names), whatever they hold;
-- any other attribute holding a tensor with autograd history (``grad_fn``): a product of a
-  forward (a constant of ``__init__`` has none, and a view of a parameter, tied weights'
-  ``self.wt = emb.weight.t()``, is left alone);
-- a tensor is a plain attribute, or a list, tuple or dict of tensors only (one level deep,
-  as the doctor's SK004 looks); a container that also holds other values is left alone,
-  and so is any attribute holding a parameter or buffer (``nn.LSTM``'s ``_flat_weights``,
-  DDP's bookkeeping).
+- those its class lists in ``statekeeper_transient`` or ``statekeeper_borrowed``;
+- any other holding a tensor with autograd history (``grad_fn``): a product of a forward;
+- given a freshly constructed instance (``like=``), any other that the forward created or
+  replaced (``__init__`` left none, or other tensors there), as SK004 finds them.
 
-How: the attribute is reset to what PyTorch modules start with (``None`` for a tensor or a
-tuple, a new empty list or dict: the old one may be the caller's), which lets its memory go
-unless something else holds it; nothing anyone else holds is destroyed.
+Never touched: parameters and buffers (of any model), attributes holding one or a view of
+one (``nn.LSTM``'s ``_flat_weights``, DDP's lists, tied weights' ``emb.weight.t()``), a
+container that also holds other values, and without ``like=`` a tensor with no autograd
+history that nobody declared (a constant of ``__init__`` looks the same).
 
-A class that owns its tensors Torch7-style lists them in ``statekeeper_owned`` as well:
-those are **emptied in place** first (``set_()`` to zero elements; an owned list or dict
-is emptied too), so an outside reference to one stays the same object and sees it empty;
-in place only what can be (a strided, non-inference tensor that is no parameter and has
-no autograd history), the rest is only let go. Emptying in place is a promise that nothing
-else uses the tensor: call it after ``backward()``, as a graph that saved an owned tensor
-cannot run once it is emptied.
+**How** (``mode=ClearMode.EMPTY``, Torch7's semantics): each tensor the module owns is
+emptied in place (``set_()``: zero elements, same dtype and device), so a reference held
+elsewhere is the same object and now sees an empty tensor. A tensor the module may not
+own is only dropped by reference, never emptied: a view, a tensor sharing its storage with
+another tensor of the model, a leaf that requires grad, one held in a
+``statekeeper_borrowed`` attribute (an identity-like module's cached input), or, without
+autograd history, one that is not declared. Then the attribute is set back to what
+``__init__`` left (with ``like=``; deleted when it left none), else to ``None`` (a tensor or
+a tuple) or a new empty list or dict. ``ClearMode.RELEASE`` only drops references.
 
-A module that knows better defines ``statekeeper_clear_state(self)``, or a rule is
-registered for its class (:func:`register_clear_rule`); the nearest one in the class's MRO
-replaces the generic clearing for that module's own attributes (it may call
-``clear_state(self)``, which then clears that module's own attributes, generically, and
-not its children). Each module is visited once; the generic clearing checks every
-attribute before it changes any (rules run as they are met).
+**Per-batch buffers** (``include=ClearInclude.BATCH_STATE``): persistent buffers holding
+the last batch's state, which the doctor's SK005 reports, are reset in place: those the
+class lists in ``statekeeper_batch_state``, and with ``like=`` those whose shape or dtype
+moved from ``__init__``'s; to the fresh instance's value, else zeros. No other buffer and
+no parameter is ever touched.
+
+**Modules that know better** clear themselves (:mod:`statekeeper.state.clear_rules`).
+Each module is visited once; the generic clearing checks every attribute before it
+changes any.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import inspect
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -51,187 +50,247 @@ import torch
 
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.state.attributes import INTERNALS, held_tensors
+from statekeeper.state.clear_options import (
+    ClearAction,
+    Cleared,
+    ClearInclude,
+    ClearMode,
+    ClearReport,
+)
+from statekeeper.state.clear_reset import (
+    MISSING,
+    changed_since_init,
+    fresh_modules,
+    fresh_value,
+    initial_value,
+    is_batch_state,
+    reset,
+)
+from statekeeper.state.clear_rules import in_rule, register_clear_rule, rule_for, running_rule
 
-__all__ = ["ClearAction", "ClearReport", "Cleared", "clear_state", "register_clear_rule"]
+__all__ = [
+    "ClearAction",
+    "ClearInclude",
+    "ClearMode",
+    "ClearReport",
+    "Cleared",
+    "clear_state",
+    "register_clear_rule",
+]
 
 M = TypeVar("M", bound=torch.nn.Module)
-Rule = Callable[[torch.nn.Module], object]
-_RULES: dict[type, Rule] = {}
-_HOOK = "statekeeper_clear_state"
-_TRANSIENT = "statekeeper_transient"
-_OWNED = "statekeeper_owned"
-_IN_RULE: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
-    "statekeeper_clear_rule", default=frozenset()
-)
-
-
-class ClearAction(StrEnum):
-    """What happened to one attribute."""
-
-    EMPTIED = "emptied"  # owned tensors emptied in place, then the attribute reset
-    RELEASED = "released"  # the attribute reset: its tensors go unless held elsewhere
-    CUSTOM = "custom"  # the module's own statekeeper_clear_state() or a registered rule ran
 
 
 @dataclass(frozen=True)
-class Cleared:
-    """One attribute (``module.path.attribute``) or module (``CUSTOM``) cleared; ``bytes``
-    is the tensor data it held (each tensor counted once)."""
-
-    path: str
-    action: ClearAction
-    bytes: int
+class _Options:
+    mode: ClearMode
+    include: ClearInclude
+    fresh: dict[str, torch.nn.Module]  # module path -> the fresh instance's module
 
 
 @dataclass
-class ClearReport:
-    """What a ``clear_state`` call cleared; pass one as ``report=`` to have it filled."""
-
-    cleared: list[Cleared] = field(default_factory=list)
-
-    @property
-    def bytes(self) -> int:
-        """Tensor bytes the cleared attributes held."""
-        return sum(c.bytes for c in self.cleared)
-
-
-def register_clear_rule(cls: type, rule: Rule) -> None:
-    """Clear instances of ``cls`` (and its subclasses) with ``rule(module)`` instead of the
-    generic clearing (for classes you cannot give a ``statekeeper_clear_state`` method)."""
-    if not isinstance(cls, type) or not callable(rule):
-        raise InvalidArgumentError(
-            "register_clear_rule takes a class and a callable rule(module), "
-            f"got {cls!r} and {rule!r}"
-        )
-    _RULES[cls] = rule
-
-
-def _rule_for(module: torch.nn.Module) -> Rule | None:
-    """The nearest registered rule or ``statekeeper_clear_state`` function in the MRO."""
-    if id(module) in _IN_RULE.get():
-        return None  # its own rule is running and asked for the generic part
-    for cls in type(module).__mro__:
-        if cls in _RULES:
-            return _RULES[cls]
-        own = vars(cls).get(_HOOK)
-        if own is not None:
-            if not inspect.isfunction(own):
-                raise InvalidArgumentError(
-                    f"{cls.__qualname__}.{_HOOK} must be a plain method (def {_HOOK}(self)), "
-                    f"got {type(own).__name__}"
-                )
-            return own
-    return None
-
-
-def _nbytes(tensors: list[torch.Tensor]) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        if id(t) in seen or t.device.type == "meta":
-            continue
-        seen.add(id(t))
-        with contextlib.suppress(RuntimeError, NotImplementedError):  # exotic subclasses
-            total += t.numel() * t.element_size()
-    return total
-
-
-def _emptiable(t: torch.Tensor, model: set[int]) -> bool:
-    return (
-        type(t) is torch.Tensor
-        and id(t) not in model
-        and t.layout is torch.strided
-        and not t.is_inference()
-        and t.grad_fn is None
-        and not t.requires_grad
-    )
-
-
-def _empty(t: torch.Tensor) -> None:
-    with torch.no_grad():
-        t.set_()  # type: ignore[call-overload]
-
-
-def _reset(module: torch.nn.Module, attr: str, value: Any, owned: bool) -> None:
-    if owned and isinstance(value, list | dict):
-        value.clear()  # its own container, emptied: references to it stay valid
-    elif isinstance(value, list | dict):
-        setattr(module, attr, type(value)())  # maybe the caller's: rebound, never emptied
-    else:
-        setattr(module, attr, None)
-
-
-@dataclass
-class _Plan:
+class _Step:
     module: torch.nn.Module
-    attr: str
+    name: str  # the attribute or buffer
+    path: str
     value: Any
     tensors: list[torch.Tensor]
     empty: list[torch.Tensor]
-    name: str
-    owned: bool
+    fresh: Any
+    action: ClearAction
 
 
-def _pure(value: Any, tensors: list[torch.Tensor]) -> bool:
-    """A tensor, or a container of tensors only."""
-    if isinstance(value, torch.Tensor):
-        return True
-    items = list(value.values()) if isinstance(value, dict) else list(value)
-    return len(items) == len(tensors)
+def _choice(enum: type[StrEnum], value: Any, what: str) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        options = ", ".join(repr(m.value) for m in enum)
+        raise InvalidArgumentError(
+            f"clear_state({what}={value!r}): choose one of {enum.__name__} ({options})"
+        ) from None
 
 
-def _param_view(t: torch.Tensor, model: set[int]) -> bool:
-    """A view of one of the model's parameters or buffers (``self.wt = emb.weight.t()``)."""
-    base = t._base if t._is_view() else None
-    return base is not None and id(base) in model
+def _names(module: torch.nn.Module, declaration: str) -> set[str]:
+    names = getattr(type(module), declaration, ())
+    if isinstance(names, str):
+        names = (names,)
+    if not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(
+            f"{type(module).__qualname__}.{declaration} must be a tuple of attribute names, "
+            f"got {names!r}"
+        )
+    return set(names)
 
 
-def _plan(root: torch.nn.Module, report: ClearReport) -> list[_Plan]:
+def _storage(t: torch.Tensor) -> tuple[str, int | None, int] | None:
+    try:
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0:
+            return None
+        return t.device.type, t.device.index, storage.data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):  # no storage to speak of
+        return None
+
+
+def _storages(root: torch.nn.Module) -> dict[tuple[str, int | None, int], set[int]]:
+    """Storage -> the distinct tensors of the model that own data on it: parameters,
+    buffers, and every tensor an attribute holds that is no view (emptying a tensor in
+    place never changes a view's data: the view keeps the old storage)."""
+    found: list[torch.Tensor] = [*root.parameters(), *root.buffers()]
+    for sub in root.modules():
+        for attr, value in vars(sub).items():
+            if attr not in INTERNALS:
+                found.extend(t for t in held_tensors(value) or () if not t._is_view())
+    out: dict[tuple[str, int | None, int], set[int]] = {}
+    for t in found:
+        key = _storage(t)
+        if key is not None:
+            out.setdefault(key, set()).add(id(t))
+    return out
+
+
+def _owned(t: torch.Tensor, declared: bool, storages: dict[Any, set[int]]) -> bool:
+    """Whether ``t`` may be emptied in place: the module's own plain tensor."""
+    if (
+        type(t) is not torch.Tensor
+        or t.layout is not torch.strided
+        or t.is_inference()
+        or t.device.type == "meta"
+        or (t.is_leaf and t.requires_grad)  # a trainable leaf: somebody's
+        or t._is_view()  # its base is somebody's
+        or not (declared or t.grad_fn is not None)  # no history, undeclared: maybe an input
+    ):
+        return False
+    key = _storage(t)
+    return key is not None and len(storages.get(key, ())) == 1
+
+
+def _nbytes(t: torch.Tensor, seen: set[int]) -> int:
+    if id(t) in seen or t.device.type == "meta":
+        return 0
+    seen.add(id(t))
+    try:
+        return t.numel() * t.element_size()
+    except (RuntimeError, NotImplementedError):  # exotic subclasses
+        return 0
+
+
+def _attribute_steps(
+    path: str, sub: torch.nn.Module, opts: _Options, model: set[int], storages: dict[Any, Any]
+) -> list[_Step]:
+    fresh_sub = opts.fresh.get(path)
+    declared = _names(sub, "statekeeper_transient")
+    borrowed = _names(sub, "statekeeper_borrowed")
+    steps = []
+    for attr, value in vars(sub).items():
+        tensors = None if attr in INTERNALS else held_tensors(value)
+        if not tensors or (not isinstance(value, torch.Tensor) and len(tensors) != len(value)):
+            continue  # not a tensor, or a container that also holds other values
+        if any(
+            isinstance(t, torch.nn.Parameter)
+            or id(t) in model
+            or (t._is_view() and t._base is not None and id(t._base) in model)
+            for t in tensors
+        ):
+            continue  # machinery (nn.LSTM's _flat_weights, DDP's lists), tied views
+        fresh = fresh_value(fresh_sub, attr)
+        if not (
+            attr in declared | borrowed
+            or any(t.grad_fn is not None for t in tensors)
+            or (fresh_sub is not None and changed_since_init(value, tensors, fresh))
+        ):
+            continue  # a constant of __init__, or a value the forward did not make
+        empty = []
+        if opts.mode is ClearMode.EMPTY and attr not in borrowed:
+            empty = [t for t in tensors if _owned(t, attr in declared, storages)]
+        action = ClearAction.EMPTIED if empty else ClearAction.RELEASED
+        steps.append(_Step(sub, attr, path, value, tensors, empty, fresh, action))
+    return steps
+
+
+def _buffer_steps(path: str, sub: torch.nn.Module, opts: _Options) -> list[_Step]:
+    fresh_sub = opts.fresh.get(path)
+    declared = _names(sub, "statekeeper_batch_state")
+    for name in declared & set(sub._parameters):
+        raise InvalidArgumentError(
+            f"{type(sub).__qualname__}.statekeeper_batch_state names parameter '{name}': "
+            "only buffers hold per-batch state, parameters are never cleared"
+        )
+    steps = []
+    for name, buf in sub._buffers.items():
+        if buf is None:
+            continue
+        persistent = name not in sub._non_persistent_buffers_set
+        fresh = None if fresh_sub is None else fresh_sub._buffers.get(name)
+        if is_batch_state(name, buf, declared, persistent, fresh):
+            steps.append(_Step(sub, name, path, buf, [buf], [], fresh, ClearAction.RESET))
+    return steps
+
+
+def _plan(root: torch.nn.Module, opts: _Options, report: ClearReport) -> list[_Step]:
     model = {id(t) for t in (*root.parameters(), *root.buffers())}
-    plans: list[_Plan] = []
+    storages = _storages(root)
+    steps: list[_Step] = []
     # called by a module's own rule for the generic part: that module's attributes alone
-    walk = [("", root)] if id(root) in _IN_RULE.get() else list(root.named_modules())
+    walk = [("", root)] if in_rule(root) is not None else list(root.named_modules())
     for path, sub in walk:  # each module once
-        rule = _rule_for(sub)
+        rule = rule_for(sub)
         if rule is not None:
-            token = _IN_RULE.set(_IN_RULE.get() | {id(sub)})
-            try:
+            fresh = opts.fresh.get(path)
+            with running_rule(sub, _Options(opts.mode, opts.include, {"": fresh} if fresh else {})):
                 rule(sub)
-            finally:
-                _IN_RULE.reset(token)
             report.cleared.append(Cleared(path, ClearAction.CUSTOM, 0))
             continue
-        declared = set(getattr(type(sub), _TRANSIENT, ()))
-        owned = set(getattr(type(sub), _OWNED, ()))
-        for attr, value in vars(sub).items():
-            tensors = None if attr in INTERNALS else held_tensors(value)
-            if not tensors or not _pure(value, tensors):
-                continue
-            if any(
-                isinstance(t, torch.nn.Parameter) or id(t) in model or _param_view(t, model)
-                for t in tensors
-            ):
-                continue  # machinery (nn.LSTM's _flat_weights, DDP's lists), tied views
-            graph = any(t.grad_fn is not None for t in tensors)
-            if attr not in declared | owned and not graph:
-                continue  # a constant of __init__ or a value that is not the forward's
-            empty = [t for t in tensors if attr in owned and _emptiable(t, model)]
-            name = f"{path}.{attr}" if path else attr
-            plans.append(_Plan(sub, attr, value, tensors, empty, name, attr in owned))
-    return plans
+        steps.extend(_attribute_steps(path, sub, opts, model, storages))
+        if opts.include is ClearInclude.BATCH_STATE:
+            steps.extend(_buffer_steps(path, sub, opts))
+    return steps
 
 
-def clear_state(module: M, *, report: ClearReport | None = None) -> M:
-    """Clear ``module``'s transient tensors, following the rules of the module docstring;
-    returns ``module`` (``sk.export(clear_state(model), ...)``)."""
+def _apply(step: _Step) -> None:
+    if step.action is ClearAction.RESET:
+        reset(step.value, step.fresh)
+        return
+    with torch.no_grad():
+        for t in step.empty:
+            t.set_()  # type: ignore[call-overload]
+    value = initial_value(step.value, step.fresh, step.tensors[0].device)
+    if value is MISSING:
+        delattr(step.module, step.name)
+    else:
+        setattr(step.module, step.name, value)
+
+
+def clear_state(
+    module: M,
+    *,
+    mode: ClearMode | str | None = None,
+    include: ClearInclude | str | None = None,
+    like: torch.nn.Module | None = None,
+    report: ClearReport | None = None,
+) -> M:
+    """Free ``module``'s transient tensors (the rules are in this module's docstring);
+    returns ``module``, so ``sk.export(sk.clear_state(model), ...)`` reads naturally.
+
+    ``mode`` (default ``ClearMode.EMPTY``), ``include`` (default
+    ``ClearInclude.TRANSIENT``), ``like``: a freshly constructed instance of the model's
+    class, which finds the transient tensors a forward made without autograd history and
+    gives each attribute back the value ``__init__`` left. ``report`` is filled with what
+    was cleared."""
     if not isinstance(module, torch.nn.Module):
         raise InvalidArgumentError(f"clear_state takes a torch.nn.Module, got {type(module)}")
+    outer: _Options | None = in_rule(module)
+    opts = _Options(
+        _choice(ClearMode, mode, "mode") if mode is not None
+        else outer.mode if outer else ClearMode.EMPTY,
+        _choice(ClearInclude, include, "include") if include is not None
+        else outer.include if outer else ClearInclude.TRANSIENT,
+        fresh_modules(module, like) if like is not None else outer.fresh if outer else {},
+    )  # fmt: skip
     out = report if report is not None else ClearReport()
-    for plan in _plan(module, out):  # planned first: nothing changes before every check
-        size = _nbytes(plan.tensors)
-        for t in plan.empty:
-            _empty(t)
-        _reset(plan.module, plan.attr, plan.value, plan.owned)
-        action = ClearAction.EMPTIED if plan.empty else ClearAction.RELEASED
-        out.cleared.append(Cleared(plan.name, action, size))
+    seen: set[int] = set()
+    for step in _plan(module, opts, out):  # planned first: nothing changes before every check
+        size = sum(_nbytes(t, seen) for t in step.tensors)
+        _apply(step)
+        out.cleared.append(Cleared(f"{step.path}.{step.name}".lstrip("."), step.action, size))
     return module

@@ -72,6 +72,8 @@ class BatchState:
                 f"seen{size}",
                 f"keep per-batch state out of the state_dict (register_buffer('{name}', ..., "
                 "persistent=False)) and reset it explicitly, or pass it in as an argument and "
-                "return it",
+                "return it; or declare it on the class, "
+                f"`statekeeper_batch_state = ('{name}',)`, and reset it with "
+                "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE)",
                 tensor=name, shape=tuple(new.shape), bytes=nbytes(new),
             )  # fmt: skip

@@ -1,0 +1,143 @@
+"""``statekeeper doctor --fix-transient``: the declarations that let ``clear_state`` free
+what the doctor's SK004 and SK005 find.
+
+The two rules run on the factory's model (each on a fresh instance). Every tensor attribute
+a forward leaves behind (SK004) goes into its class's ``statekeeper_transient``, every
+persistent buffer holding per-batch state (SK005) into ``statekeeper_batch_state``, merged
+with what the class already declares; classes are grouped, whatever paths they sit at.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from statekeeper.doctor.finding import Report
+from statekeeper.doctor.rules.batch_state import BatchState
+from statekeeper.doctor.rules.transient_tensors import TransientTensors
+from statekeeper.doctor.run import run
+from statekeeper.doctor.target import build_target
+
+__all__ = ["ClassFix", "TransientFix", "fix_transient"]
+
+_DECLARATIONS = {"SK004": "statekeeper_transient", "SK005": "statekeeper_batch_state"}
+
+
+@dataclass(frozen=True)
+class ClassFix:
+    """What one class should declare (everything it should list: what it already lists and
+    what the doctor found), and where instances of it sit in the model."""
+
+    cls: str  # module.qualname
+    source: str | None  # file:line of the class, when known
+    transient: tuple[str, ...]
+    batch_state: tuple[str, ...]
+    added: tuple[str, ...]  # the names the doctor found that the class does not list yet
+    paths: tuple[str, ...]
+
+    def code(self) -> str:
+        where = f"  # {self.source}" if self.source else ""
+        lines = [f"class {self.cls.rpartition('.')[2]}(...):{where}"]
+        lines.append(f"    # at {', '.join(self.paths)}")
+        for attr, names in (
+            ("statekeeper_transient", self.transient),
+            ("statekeeper_batch_state", self.batch_state),
+        ):
+            if names:
+                lines.append(f"    {attr} = {tuple(names)!r}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "class": self.cls, "source": self.source, "transient": list(self.transient),
+            "batch_state": list(self.batch_state), "added": list(self.added),
+            "paths": list(self.paths),
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TransientFix:
+    """The classes to change, and the doctor report the two rules gave."""
+
+    target: str
+    classes: tuple[ClassFix, ...]
+    report: Report
+
+    @property
+    def call(self) -> str:
+        """The call to make before saving or exporting the whole module."""
+        if any(c.batch_state for c in self.classes):
+            return "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE)"
+        return "statekeeper.clear_state(model)"
+
+    def code(self) -> str:
+        blocks = [c.code() for c in self.classes if c.added]
+        return "\n\n".join(blocks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "classes": [c.to_json() for c in self.classes],
+            "code": self.code(),
+            "call": self.call if self.classes else None,
+            "skipped": [{"rule": r, "reason": why} for r, why in self.report.skipped],
+        }
+
+
+def _source(cls: type) -> str | None:
+    try:
+        file = inspect.getsourcefile(cls)
+        line = inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):  # built in, or defined where no source is kept
+        return None
+    return f"{file}:{line}" if file else None
+
+
+def _module_at(modules: dict[str, torch.nn.Module], where: str, name: str) -> str | None:
+    """The path of the module a finding is about. The doctor writes the root as "model":
+    that is the root unless only a submodule called "model" has the name (the model the
+    rules ran on is another instance, so a name the forward sets may be on neither)."""
+    if where != "model":
+        return where if where in modules else None
+    root = modules.get("")
+    if root is not None and (name in vars(root) or name in root._buffers):
+        return ""
+    return "model" if "model" in modules else ""
+
+
+def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> TransientFix:
+    """Run SK004 and SK005 on what ``factory`` builds; the declarations each class needs."""
+    target = build_target(factory, spec=spec)
+    report = run(target, rules=(TransientTensors(), BatchState()), spec=spec)
+    modules = dict(target.model.named_modules()) if target.model is not None else {}
+    found: dict[type, dict[str, list[str]]] = {}
+    for f in report.findings:
+        declaration = _DECLARATIONS.get(f.rule)
+        path = _module_at(modules, f.where, f.tensor) if f.tensor and declaration else None
+        if path is None or declaration is None or f.tensor is None:
+            continue  # an INFO finding (no fresh instance), or nothing to declare
+        entry = found.setdefault(type(modules[path]), {"paths": []})
+        entry.setdefault(declaration, [])
+        if f.tensor not in entry[declaration]:
+            entry[declaration].append(f.tensor)
+        entry["paths"].append(f"model.{path}" if path else "model")
+    classes = []
+    for cls, entry in found.items():
+        names: dict[str, tuple[str, ...]] = {}
+        added: list[str] = []
+        for declaration in _DECLARATIONS.values():
+            has = getattr(cls, declaration, ())
+            has = (has,) if isinstance(has, str) else tuple(has)
+            new = [n for n in entry.get(declaration, []) if n not in has]
+            names[declaration] = (*has, *new) if new or has else ()
+            added.extend(new)
+        classes.append(ClassFix(
+            f"{cls.__module__}.{cls.__qualname__}", _source(cls),
+            names["statekeeper_transient"], names["statekeeper_batch_state"],
+            tuple(added), tuple(dict.fromkeys(entry["paths"])),
+        ))  # fmt: skip
+    return TransientFix(report.target, tuple(classes), report)

@@ -132,7 +132,7 @@ def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
     assert "class _Cache(...):" in result.output and "at model.0, model.1" in result.output
     assert "statekeeper_transient = ('hidden', 'last_input')" in result.output
     assert "statekeeper_batch_state = ('membrane',)" in result.output
-    assert "include=statekeeper.ClearInclude.BATCH_STATE" in result.output
+    assert "include=statekeeper.ClearInclude.BATCH_STATE, like=fresh_model" in result.output
     data = json.loads(
         CliRunner()
         .invoke(main, ["doctor", f"{__name__}:transient_model", "--fix-transient", "--json"])
@@ -152,14 +152,43 @@ def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
     model = Declared()
     with torch.no_grad():
         model(torch.ones(3, 4))
-    sk.clear_state(model, include=sk.ClearInclude.BATCH_STATE)
-    assert model.hidden is None and model.last_input is None
-    assert torch.equal(model.membrane, torch.zeros(3, 4))
+    sk.clear_state(model, include=sk.ClearInclude.BATCH_STATE, like=Declared())
+    assert model.hidden is None and not hasattr(model, "last_input")  # __init__ made none
+    assert torch.equal(model.membrane, torch.zeros(1, 4))  # as __init__ made it
 
 
-def test_fix_transient_on_a_clean_model_and_on_a_checkpoint(tmp_path: Path) -> None:
-    clean = CliRunner().invoke(main, ["doctor", f"{__name__}:good_model", "--fix-transient"])
-    assert clean.exit_code == 0 and "SK004 skipped: needs an example input" in clean.output
+class _Wrapper(torch.nn.Module):
+    """Hugging Face style: the inner network is a submodule called "model"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Linear(4, 4)
+        self.last_logits: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last_logits = self.model(x)
+        return self.last_logits
+
+
+def wrapper_model() -> dict[str, Any]:
+    return {"model": _Wrapper(), "example_input": torch.ones(2, 4)}
+
+
+def clean_model() -> dict[str, Any]:
+    return {"model": torch.nn.Linear(2, 2), "example_input": torch.ones(1, 2)}
+
+
+def test_fix_transient_names_the_root_class_and_says_when_nothing_was_checked(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(main, ["doctor", f"{__name__}:wrapper_model", "--fix-transient"])
+    assert result.exit_code == 1 and "class _Wrapper(...):" in result.output
+    assert "statekeeper_transient = ('last_logits',)" in result.output
+    clean = CliRunner().invoke(main, ["doctor", f"{__name__}:clean_model", "--fix-transient"])
+    assert clean.exit_code == 0 and "no transient tensors" in clean.output
+    unchecked = CliRunner().invoke(main, ["doctor", f"{__name__}:good_model", "--fix-transient"])
+    assert unchecked.exit_code == 3 and "not checked" in unchecked.output
+    assert "SK004 skipped: needs an example input" in unchecked.output
     path = tmp_path / "weights.pt"
     path.write_bytes(b"")
     result = CliRunner().invoke(main, ["doctor", str(path), "--fix-transient"])

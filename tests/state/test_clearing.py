@@ -142,7 +142,14 @@ def test_an_identity_like_modules_input_survives() -> None:
     sk.clear_state(model)
     assert torch.equal(x, kept)  # no history, undeclared: maybe an input, never emptied
     assert model[1].output is None
-    x = torch.randn(2, 4, requires_grad=True) * 2  # the caller's, with autograd history
+    w = torch.randn(4, 4, requires_grad=True)
+    feats = torch.randn(2, 4) @ w  # the caller's, with autograd history not of the model
+    kept = feats.detach().clone()
+    head = torch.nn.Sequential(Identity(), torch.nn.Linear(4, 2))
+    head(feats)
+    sk.clear_state(head)
+    assert torch.equal(feats, kept) and head[0].output is None
+    x = torch.randn(2, 4, requires_grad=True) * 2
     borrowing = Borrowing()
     borrowing(x)
     report = sk.ClearReport()
@@ -323,7 +330,7 @@ def test_a_spiking_layers_membrane_is_reset_to_what_init_left() -> None:
         model(x)
     assert isinstance(model.v, torch.Tensor)
     report = sk.ClearReport()
-    sk.clear_state(model)  # no history, undeclared: the generic clearing cannot tell
+    sk.clear_state(model, report=report)  # no history, undeclared: cannot tell, left alone
     assert report.cleared == [] and isinstance(model.v, torch.Tensor)
     sk.clear_state(model, like=Spiking(), report=report)
     assert model.v == 0.0 and report.cleared == [sk.Cleared("v", sk.ClearAction.RELEASED, 32)]
@@ -411,7 +418,8 @@ def test_activations_kept_by_a_hook_are_freed() -> None:
 
 def test_a_mixed_container_and_a_tuple_state() -> None:
     class Mixed(torch.nn.Module):
-        statekeeper_transient = ("conf", "state")
+        statekeeper_transient = ("conf",)
+        statekeeper_owned = ("state", "pair")  # no history, but the module's own: emptied
 
         def __init__(self) -> None:
             super().__init__()
@@ -422,9 +430,11 @@ def test_a_mixed_container_and_a_tuple_state() -> None:
     model.conf["buf"] = torch.ones(2)
     h, c = torch.ones(1), torch.ones(1)
     model.state = (h, c)
+    model.pair = (torch.ones(3), None)  # type: ignore[assignment]
     sk.clear_state(model)
     assert model.conf["scale"] == 2.0  # a container that also holds other values: left
-    assert model.state is None and h.numel() == 0 and c.numel() == 0  # declared: emptied
+    assert model.state is None and h.numel() == 0 and c.numel() == 0  # owned: emptied
+    assert model.pair is None  # tensors and None only: cleared
 
 
 def test_the_callers_containers_survive_and_release_mode_keeps_their_tensors() -> None:
@@ -450,8 +460,10 @@ def test_the_callers_containers_survive_and_release_mode_keeps_their_tensors() -
     assert list(batch) == ["x"] and xs[0].shape == (2,)  # the caller's: untouched
     assert model.batch == {} and model.last == [] and model.wt.shape == (4, 3)
     model(batch, xs)
-    sk.clear_state(model)  # the default mode empties tensors with history in place
-    assert list(batch) == ["x"] and len(xs) == 1 and xs[0].numel() == 0
+    report = sk.ClearReport()
+    sk.clear_state(model, report=report)  # history, but not the module's graph: dropped
+    assert list(batch) == ["x"] and len(xs) == 1 and xs[0].shape == (2,)
+    assert {c.action for c in report.cleared} == {sk.ClearAction.RELEASED}
 
 
 def test_the_next_forward_after_clearing_equals_a_fresh_models() -> None:

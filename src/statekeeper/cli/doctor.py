@@ -31,7 +31,8 @@ def doctor(target: str, as_json: bool, fix_transient: bool) -> None:
     The function is called (the doctor runs your code; it never writes to a run directory);
     a checkpoint is only read, and a pickle file is never unpickled.
     Exit status: 0 clean, 1 warnings only, 2 errors, 3 the target could not be loaded.
-    With --fix-transient (a factory only): 0 nothing to add, 1 declarations to add.
+    With --fix-transient (a factory only): 0 nothing to add, 1 declarations to add, 3 the
+    model could not be checked (no example input, or the factory returns the same model).
     """
     if fix_transient:
         _fix_transient(target, as_json)
@@ -61,4 +62,4 @@ def _fix_transient(target: str, as_json: bool) -> None:
         render.error(str(exc))
         raise click.exceptions.Exit(3) from None
     render_doctor.transient_fix(fix, as_json)
-    raise click.exceptions.Exit(1 if fix.code() else 0)
+    raise click.exceptions.Exit(3 if not fix.checked else 1 if fix.code() else 0)

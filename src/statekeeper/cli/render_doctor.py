@@ -66,8 +66,14 @@ def transient_fix(fix: TransientFix, as_json: bool) -> None:
     elif fix.classes:
         out.print(Text(f"{fix.target}: every transient tensor is declared; call {fix.call}"),
                   soft_wrap=True)  # fmt: skip
-    else:
+    elif fix.checked:
         out.print(Text(f"{fix.target}: no transient tensors or per-batch buffers found"),
                   soft_wrap=True)  # fmt: skip
+    else:
+        out.print(Text(f"{fix.target}: not checked (SK004 and SK005 need a fresh model "
+                       "and an example input)", style="red"), soft_wrap=True)  # fmt: skip
+    for f in fix.report.findings:
+        if f.tensor == "":  # the rule's own note: no fresh instance
+            out.print(Text(f"{f.rule}: {f.problem}; {f.fix}", style="dim"), soft_wrap=True)
     for rule, reason in fix.report.skipped:
         out.print(Text(f"{rule} skipped: {reason}", style="dim"), soft_wrap=True)

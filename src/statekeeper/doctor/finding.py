@@ -27,9 +27,12 @@ class Finding:
     tensor: str = ""
     shape: tuple[int, ...] | None = None
     bytes: int | None = None
+    module: str | None = None  # the module's path ("" the root), where ``where`` names one
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        if self.module is None:
+            del data["module"]
         data["severity"] = str(self.severity)
         data["shape"] = None if self.shape is None else list(self.shape)
         return data

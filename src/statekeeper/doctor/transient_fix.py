@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from statekeeper.doctor.finding import Report
 from statekeeper.doctor.rules.batch_state import BatchState
 from statekeeper.doctor.rules.transient_tensors import TransientTensors
@@ -68,10 +66,22 @@ class TransientFix:
     report: Report
 
     @property
+    def checked(self) -> bool:
+        """Whether both rules looked at a fresh instance (they need an example input and a
+        factory that builds a new model on every call)."""
+        ran = {r for r, _ in self.report.rules} - {r for r, _ in self.report.skipped}
+        fresh = not any(f.rule in ran and f.tensor == "" for f in self.report.findings)
+        return ran == set(_DECLARATIONS) and fresh
+
+    @property
     def call(self) -> str:
-        """The call to make before saving or exporting the whole module."""
+        """The call to make before saving or exporting the whole module: per-batch buffers
+        go back to what ``__init__`` made (their shape too) only with a fresh instance."""
         if any(c.batch_state for c in self.classes):
-            return "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE)"
+            return (
+                "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE, "
+                "like=fresh_model)  # fresh_model: built as the model was"
+            )
         return "statekeeper.clear_state(model)"
 
     def code(self) -> str:
@@ -84,6 +94,7 @@ class TransientFix:
             "classes": [c.to_json() for c in self.classes],
             "code": self.code(),
             "call": self.call if self.classes else None,
+            "checked": self.checked,
             "skipped": [{"rule": r, "reason": why} for r, why in self.report.skipped],
         }
 
@@ -97,18 +108,6 @@ def _source(cls: type) -> str | None:
     return f"{file}:{line}" if file else None
 
 
-def _module_at(modules: dict[str, torch.nn.Module], where: str, name: str) -> str | None:
-    """The path of the module a finding is about. The doctor writes the root as "model":
-    that is the root unless only a submodule called "model" has the name (the model the
-    rules ran on is another instance, so a name the forward sets may be on neither)."""
-    if where != "model":
-        return where if where in modules else None
-    root = modules.get("")
-    if root is not None and (name in vars(root) or name in root._buffers):
-        return ""
-    return "model" if "model" in modules else ""
-
-
 def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> TransientFix:
     """Run SK004 and SK005 on what ``factory`` builds; the declarations each class needs."""
     target = build_target(factory, spec=spec)
@@ -117,8 +116,8 @@ def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> Tra
     found: dict[type, dict[str, list[str]]] = {}
     for f in report.findings:
         declaration = _DECLARATIONS.get(f.rule)
-        path = _module_at(modules, f.where, f.tensor) if f.tensor and declaration else None
-        if path is None or declaration is None or f.tensor is None:
+        path = f.module
+        if path is None or path not in modules or declaration is None or not f.tensor:
             continue  # an INFO finding (no fresh instance), or nothing to declare
         entry = found.setdefault(type(modules[path]), {"paths": []})
         entry.setdefault(declaration, [])

@@ -18,6 +18,7 @@ from statekeeper.state.attributes import held_tensors
 
 __all__ = [
     "MISSING",
+    "NO_FRESH",
     "changed_since_init",
     "fresh_modules",
     "fresh_value",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 MISSING = object()  # the fresh instance has no such attribute: the forward added it
+NO_FRESH = object()  # no fresh instance was given
 
 
 def fresh_modules(
@@ -41,40 +43,50 @@ def fresh_modules(
             "clear_state(like=...) takes a freshly constructed instance of the model's class "
             f"(another object than the model), got {type(like).__name__}"
         )
+    meta = next((k for k, t in like.state_dict().items() if t.device.type == "meta"), None)
+    if meta is not None:
+        raise InvalidArgumentError(
+            f"clear_state(like=...): the fresh instance's '{meta}' is on the meta device, so "
+            "it has no values to give back; build it on a real device (CPU is fine)"
+        )
     mine = dict(module.named_modules())
     theirs = dict(like.named_modules())
     for path, sub in mine.items():
         other = theirs.get(path)
-        if other is None or type(other) is not type(sub):
+        if other is None or _kind(other) is not _kind(sub):
             found = "nothing" if other is None else type(other).__qualname__
             raise InvalidArgumentError(
                 f"clear_state(like=...): the model has {type(sub).__qualname__} at "
                 f"'{path or 'the root'}' and the fresh instance {found}; build `like` with "
-                "the same class and arguments as the model"
+                "the same class and arguments as the model, wrapped the same way (DDP, "
+                "torch.compile), or pass the wrapped module and its fresh twin"
             )
     return theirs
 
 
+def _kind(module: torch.nn.Module) -> type:
+    """The class a module was written as: a parametrized module's class is made per
+    instance (``ParametrizedLinear``), its first base is the written one."""
+    cls = type(module)
+    if getattr(module, "parametrizations", None) is not None and cls.__bases__:
+        return cls.__bases__[0]
+    return cls
+
+
 def fresh_value(fresh: torch.nn.Module | None, attr: str) -> Any:
-    """The attribute as ``__init__`` left it on the fresh module, MISSING when it has none,
-    None when no fresh instance was given."""
+    """The attribute as ``__init__`` left it on the fresh module: MISSING when it has none,
+    NO_FRESH when no fresh instance was given."""
     if fresh is None:
-        return None
+        return NO_FRESH
     return vars(fresh).get(attr, MISSING)
 
 
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    try:
-        return bool(torch.equal(a.detach(), b.detach().to(a.device)))
-    except (RuntimeError, NotImplementedError):  # meta, exotic subclasses: take it as same
-        return True
-
-
 def changed_since_init(value: Any, tensors: list[torch.Tensor], fresh: Any) -> bool:
-    """Whether a forward created or replaced this tensor attribute: the fresh instance has
-    no such attribute, no tensors there, or other ones."""
+    """Whether a forward created or replaced this tensor attribute, by its structure: the
+    fresh instance has no such attribute, something else than tensors there (``None``, a
+    float), or tensors of other shapes or dtypes (an empty placeholder, a state that follows
+    the batch). Values are not compared: two instances differ in every random constant of
+    ``__init__`` (random features, an anchor copy of the weights) that no forward touched."""
     if fresh is MISSING:
         return True
     theirs = held_tensors(fresh)
@@ -82,17 +94,26 @@ def changed_since_init(value: Any, tensors: list[torch.Tensor], fresh: Any) -> b
         return True
     if isinstance(value, dict) and list(value) != list(fresh):
         return True
-    return not all(_same_tensor(a, b) for a, b in zip(tensors, theirs, strict=True))
+    return any(
+        a.shape != b.shape or a.dtype != b.dtype for a, b in zip(tensors, theirs, strict=True)
+    )
 
 
 def _copied(value: Any, device: torch.device | None) -> Any:
+    """A copy of a fresh instance's value: tensors cloned (on ``device``), containers of the
+    same type (a namedtuple, a defaultdict) rebuilt around them."""
     if isinstance(value, torch.Tensor):
         t = value.detach().clone()
         return t.to(device) if device is not None else t
-    if isinstance(value, list | tuple):
-        return type(value)(_copied(v, device) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, _copied(v, device)) for k, v in value.items())
+    if isinstance(value, tuple):
+        items = [_copied(v, device) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, list | dict):
+        new = copy.copy(value)
+        keys = range(len(value)) if isinstance(value, list) else list(value)
+        for k in keys:
+            new[k] = _copied(value[k], device)
+        return new
     return copy.deepcopy(value)
 
 
@@ -102,7 +123,7 @@ def initial_value(value: Any, fresh: Any, device: torch.device | None) -> Any:
     deleted), else None for a tensor or a tuple, a new empty list or dict."""
     if fresh is MISSING:
         return MISSING
-    if fresh is not None:
+    if fresh is not NO_FRESH:
         return _copied(fresh, device)
     if isinstance(value, list | dict):
         return type(value)()  # a new one: the old one may be the caller's
@@ -113,22 +134,22 @@ def is_batch_state(
     name: str, buf: torch.Tensor, declared: set[str], persistent: bool, fresh: Any
 ) -> bool:
     """A buffer holding per-batch state: declared so by its class, or (with a fresh
-    instance) a persistent buffer whose shape or dtype has moved from what ``__init__``
-    made, as a buffer that follows the batch does. Running statistics keep their shape."""
+    instance) a persistent buffer whose shape moved from what ``__init__`` made, as a buffer
+    that follows the batch does. Running statistics keep their shape; a dtype cast of the
+    whole model (``.to(torch.bfloat16)``) moves no shape."""
     if name in declared:
         return True
-    if not persistent or not isinstance(fresh, torch.Tensor):
-        return False
-    return fresh.shape != buf.shape or fresh.dtype != buf.dtype
+    return persistent and isinstance(fresh, torch.Tensor) and fresh.shape != buf.shape
 
 
 def reset(buf: torch.Tensor, fresh: Any) -> None:
     """Put a per-batch buffer back in place (references to it stay valid): the fresh
-    instance's value, else zeros (as recurrent and membrane states start)."""
-    with torch.no_grad():
+    instance's value (in the buffer's dtype and on its device), else zeros (as recurrent
+    and membrane states start, in the shape the buffer has now)."""
+    with torch.no_grad(), torch.inference_mode(buf.is_inference()):
         if isinstance(fresh, torch.Tensor):
-            new = fresh.detach().to(buf.device)
-            if new.shape == buf.shape and new.dtype == buf.dtype:
+            new = fresh.detach().to(device=buf.device, dtype=buf.dtype)
+            if new.shape == buf.shape:
                 buf.copy_(new)
             else:
                 buf.set_(new.clone())  # type: ignore[call-overload]

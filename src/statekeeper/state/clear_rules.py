@@ -26,9 +26,9 @@ Rule = Callable[[torch.nn.Module], object]
 _RULES: dict[type, Rule] = {}
 _HOOK = "statekeeper_clear_state"
 _TORCH7_NAME = "clear_state"
-# id(module) -> the options of the clear_state call whose rule for that module is running
-_RUNNING: contextvars.ContextVar[dict[int, Any] | None] = contextvars.ContextVar(
-    "statekeeper_clear_rule", default=None
+# the modules whose rule is running
+_RUNNING: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "statekeeper_clear_rule", default=frozenset()
 )
 
 
@@ -60,7 +60,7 @@ def rule_for(module: torch.nn.Module) -> Rule | None:
     """The rule that clears ``module``: the nearest registered rule, own
     ``statekeeper_clear_state`` or own ``clear_state(self)`` in its class's MRO; None while
     that module's rule is running (it asked for the generic part) or when it has none."""
-    if in_rule(module) is not None:
+    if in_rule(module):
         return None
     for cls in type(module).__mro__:
         if cls in _RULES:
@@ -79,15 +79,16 @@ def rule_for(module: torch.nn.Module) -> Rule | None:
     return None
 
 
-def in_rule(module: torch.nn.Module) -> Any:
-    """The options of the call whose rule for ``module`` is running, or None."""
-    return (_RUNNING.get() or {}).get(id(module))
+def in_rule(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s own rule is running (a ``clear_state`` call on it is then the
+    generic part that the rule asked for)."""
+    return id(module) in _RUNNING.get()
 
 
 @contextlib.contextmanager
-def running_rule(module: torch.nn.Module, options: Any) -> Iterator[None]:
-    """Mark ``module``'s rule as running (with the outer call's options) while it runs."""
-    token = _RUNNING.set({**(_RUNNING.get() or {}), id(module): options})
+def running_rule(module: torch.nn.Module) -> Iterator[None]:
+    """Mark ``module``'s rule as running while it runs."""
+    token = _RUNNING.set(_RUNNING.get() | {id(module)})
     try:
         yield
     finally:

@@ -75,5 +75,5 @@ class BatchState:
                 "return it; or declare it on the class, "
                 f"`statekeeper_batch_state = ('{name}',)`, and reset it with "
                 "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE)",
-                tensor=name, shape=tuple(new.shape), bytes=nbytes(new),
+                tensor=name, shape=tuple(new.shape), bytes=nbytes(new), module=path,
             )  # fmt: skip

@@ -101,7 +101,7 @@ class TransientTensors:
                 f"register_buffer('{h.attr}', ..., persistent=False); or declare it on the "
                 f"class, `statekeeper_transient = ('{h.attr}',)`, and call "
                 "statekeeper.clear_state(model) before saving or exporting the whole module",
-                tensor=h.attr, shape=h.shape, bytes=h.bytes,
+                tensor=h.attr, shape=h.shape, bytes=h.bytes, module=h.path,
             )  # fmt: skip
 
     def _held(self, fresh: Target, model: torch.nn.Module) -> dict[tuple[str, str], _Held]:

@@ -122,14 +122,38 @@ class _Cache(torch.nn.Module):
         return self.hidden
 
 
+class _Tap(torch.nn.Module):
+    """Identity-like: keeps its input, which is the caller's (to be dropped, never emptied)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen = x
+        return x
+
+
+class _Observer(torch.nn.Module):
+    """Stands for a class of torch's own (not the user's to edit)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last = x + 1
+        return x
+
+
+_Observer.__module__ = "torch.ao.fake"
+
+
 def transient_model() -> dict[str, Any]:
-    return {"model": torch.nn.Sequential(_Cache(), _Cache()), "example_input": torch.ones(3, 4)}
+    model = torch.nn.Sequential(_Cache(), _Cache(), _Tap(), _Observer())
+    return {"model": model, "example_input": torch.ones(3, 4)}
 
 
 def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
     result = CliRunner().invoke(main, ["doctor", f"{__name__}:transient_model", "--fix-transient"])
     assert result.exit_code == 1, result.output
     assert "class _Cache(...):" in result.output and "at model.0, model.1" in result.output
+    assert "class _Tap(...):" in result.output
+    assert "    statekeeper_borrowed = ('seen',)" in result.output  # the caller's input
+    assert "_Observer is torch.ao.fake._Observer, not yours to edit" in result.output
+    assert "\n_Observer.statekeeper_transient = ('last',)" in result.output
     assert "statekeeper_transient = ('hidden', 'last_input')" in result.output
     assert "statekeeper_batch_state = ('membrane',)" in result.output
     assert "include=statekeeper.ClearInclude.BATCH_STATE, like=fresh_model" in result.output
@@ -138,8 +162,10 @@ def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
         .invoke(main, ["doctor", f"{__name__}:transient_model", "--fix-transient", "--json"])
         .output
     )
-    (fix,) = data["classes"]
+    fix, tap, observer = data["classes"]
     assert fix["class"].endswith("._Cache") and fix["added"] == ["last_input", "membrane"]
+    assert tap["borrowed"] == ["seen"] and tap["transient"] == [] and not tap["library"]
+    assert observer["library"] and observer["source"] is None
     line = inspect.getsourcelines(_Cache)[1]
     assert fix["source"] == f"{inspect.getsourcefile(_Cache)}:{line}"
 

@@ -5,6 +5,7 @@ and defaultdict states, inference tensors, and rules that fail or clear their ch
 from __future__ import annotations
 
 import collections
+import warnings
 from typing import Any, NamedTuple
 
 import pytest
@@ -253,3 +254,149 @@ def test_a_parameter_free_cache_of_another_modules_output_is_only_dropped() -> N
     model(torch.randn(2, 4))
     sk.clear_state(model[1], **extra)
     assert model[1].act is None
+
+
+def test_a_cell_keeping_its_input_declares_it_borrowed_and_the_callers_states_survive() -> None:
+    class Cell(torch.nn.Module):
+        statekeeper_borrowed = ("last_in",)  # its input: from the caller, or itself before
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            self.last_in = h
+            return torch.tanh(self.lin(h))
+
+    cell = Cell()
+    h, states = torch.zeros(1, 4), []
+    for _ in range(3):
+        h = cell(h)
+        states.append(h)
+    sk.clear_state(cell)
+    assert [s.shape for s in states] == [(1, 4)] * 3 and cell.last_in is None
+
+
+def test_like_leaves_filled_tables_cast_constants_and_weight_norm_alone() -> None:
+    class Calibrated(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("min_val", torch.tensor([]))  # filled by calibration
+            self.register_buffer("v", torch.zeros(1, 3))  # follows the batch
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.min_val = x.min(0).values
+            self.v = self.v + x
+            return x
+
+    model = Calibrated()
+    model(torch.randn(5, 3))
+    calibrated = model.min_val.clone()
+    sk.clear_state(model, like=Calibrated(), include=sk.ClearInclude.BATCH_STATE)
+    assert torch.equal(model.min_val, calibrated) and model.v.shape == (1, 3)
+
+    class Features(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.proj = torch.randn(4, 4)
+
+        def _apply(self, fn: Any, recurse: bool = True) -> Features:
+            self.proj = fn(self.proj)  # the constant follows the model's dtype
+            return super()._apply(fn, recurse)  # type: ignore[return-value]
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x @ self.proj)
+
+    cast = Features().double()
+    proj = cast.proj
+    sk.clear_state(cast, like=Features())
+    assert cast.proj is proj and cast(torch.ones(1, 4, dtype=torch.float64)).shape == (1, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the old weight_norm, still in use
+        normed = torch.nn.utils.weight_norm(torch.nn.Linear(4, 4))
+        fresh = torch.nn.utils.weight_norm(torch.nn.Linear(4, 4))
+    weight = normed.weight
+    sk.clear_state(normed, like=fresh)
+    assert normed.weight is weight  # computed from weight_g and weight_v: machinery
+
+
+def test_a_childs_rule_runs_once_when_a_parents_rule_clears_it() -> None:
+    calls: list[str] = []
+
+    class Child(torch.nn.Module):
+        def statekeeper_clear_state(self) -> None:
+            calls.append("child")
+
+    class Parent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = Child()
+
+        def statekeeper_clear_state(self) -> None:
+            calls.append("parent")
+            sk.clear_state(self.c)
+
+    report = sk.ClearReport()
+    sk.clear_state(Parent(), report=report)
+    assert calls == ["parent", "child"]
+    assert [c.path for c in report.cleared] == ["c", ""]
+
+
+def test_nested_tensors_are_dropped_and_declarations_are_checked() -> None:
+    class Ragged(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, xs: list[torch.Tensor]) -> None:
+            self.a = self.fc(xs[0]) * 1
+            self.z = torch.nested.as_nested_tensor([self.fc(x) for x in xs])
+
+    model = Ragged()
+    model([torch.randn(2, 4), torch.randn(3, 4)])
+    a = model.a
+    report = sk.ClearReport()
+    sk.clear_state(model, report=report)
+    assert model.a is None and model.z is None and a.numel() == 0
+    assert {c.path: c.action for c in report.cleared} == {
+        "a": sk.ClearAction.EMPTIED, "z": sk.ClearAction.RELEASED
+    }  # fmt: skip
+
+    class KeepsBuffer(torch.nn.Module):
+        statekeeper_transient = ("k",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("k", torch.zeros(2), persistent=False)
+
+    with pytest.raises(sk.InvalidArgumentError, match=r"names buffer 'k'.*statekeeper_batch_state"):
+        sk.clear_state(KeepsBuffer())
+
+
+def test_like_resets_a_declared_position_counter() -> None:
+    class KV(torch.nn.Module):
+        statekeeper_transient = ("keys", "pos")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+            self.keys: torch.Tensor | None = None
+            self.pos = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            k = self.proj(x)
+            self.keys = k if self.keys is None else torch.cat([self.keys, k])
+            self.pos += x.shape[0]
+            return self.keys.sum(0) * self.pos
+
+    torch.manual_seed(0)
+    model, fresh = KV(), KV()
+    fresh.load_state_dict(model.state_dict())
+    x = torch.randn(2, 4)
+    model(x)
+    model(x)
+    sk.clear_state(model)
+    assert model.pos == 4  # without a fresh instance, a number cannot be known
+    sk.clear_state(model, like=KV())
+    assert model.pos == 0 and torch.equal(model(x), fresh(x))

@@ -2,9 +2,12 @@
 what the doctor's SK004 and SK005 find.
 
 The two rules run on the factory's model (each on a fresh instance). Every tensor attribute
-a forward leaves behind (SK004) goes into its class's ``statekeeper_transient``, every
-persistent buffer holding per-batch state (SK005) into ``statekeeper_batch_state``, merged
-with what the class already declares; classes are grouped, whatever paths they sit at.
+a forward leaves behind (SK004) goes into its class's ``statekeeper_transient``, or into
+``statekeeper_borrowed`` when it holds the module's own input (an identity-like cache: it
+must be dropped, never emptied), and every persistent buffer holding per-batch state
+(SK005) into ``statekeeper_batch_state``; merged with what the class already declares,
+classes grouped whatever paths they sit at. A class that is not the user's to edit (torch's,
+a library's) gets the same declarations as assignments made from the user's code.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekeeper.doctor.finding import Report
+from statekeeper.doctor.kept_inputs import kept_inputs
 from statekeeper.doctor.rules.batch_state import BatchState
 from statekeeper.doctor.rules.transient_tensors import TransientTensors
 from statekeeper.doctor.run import run
@@ -23,6 +27,7 @@ from statekeeper.doctor.target import build_target
 __all__ = ["ClassFix", "TransientFix", "fix_transient"]
 
 _DECLARATIONS = {"SK004": "statekeeper_transient", "SK005": "statekeeper_batch_state"}
+_NAMES = ("statekeeper_transient", "statekeeper_borrowed", "statekeeper_batch_state")
 
 
 @dataclass(frozen=True)
@@ -32,28 +37,29 @@ class ClassFix:
 
     cls: str  # module.qualname
     source: str | None  # file:line of the class, when known
-    transient: tuple[str, ...]
-    batch_state: tuple[str, ...]
+    declarations: dict[str, tuple[str, ...]]  # statekeeper_transient etc. -> names
     added: tuple[str, ...]  # the names the doctor found that the class does not list yet
     paths: tuple[str, ...]
+    library: bool  # defined by torch or an installed package: declared from outside
 
     def code(self) -> str:
+        name = self.cls.rpartition(".")[2]
+        found = [(attr, names) for attr, names in self.declarations.items() if names]
+        if self.library:
+            lines = [f"# {name} is {self.cls}, not yours to edit: declare it from your code"]
+            lines.append(f"# at {', '.join(self.paths)}")
+            lines.extend(f"{name}.{attr} = {tuple(names)!r}" for attr, names in found)
+            return "\n".join(lines)
         where = f"  # {self.source}" if self.source else ""
-        lines = [f"class {self.cls.rpartition('.')[2]}(...):{where}"]
-        lines.append(f"    # at {', '.join(self.paths)}")
-        for attr, names in (
-            ("statekeeper_transient", self.transient),
-            ("statekeeper_batch_state", self.batch_state),
-        ):
-            if names:
-                lines.append(f"    {attr} = {tuple(names)!r}")
+        lines = [f"class {name}(...):{where}", f"    # at {', '.join(self.paths)}"]
+        lines.extend(f"    {attr} = {tuple(names)!r}" for attr, names in found)
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "class": self.cls, "source": self.source, "transient": list(self.transient),
-            "batch_state": list(self.batch_state), "added": list(self.added),
-            "paths": list(self.paths),
+            "class": self.cls, "source": self.source, "library": self.library,
+            **{k.removeprefix("statekeeper_"): list(v) for k, v in self.declarations.items()},
+            "added": list(self.added), "paths": list(self.paths),
         }  # fmt: skip
 
 
@@ -77,7 +83,7 @@ class TransientFix:
     def call(self) -> str:
         """The call to make before saving or exporting the whole module: per-batch buffers
         go back to what ``__init__`` made (their shape too) only with a fresh instance."""
-        if any(c.batch_state for c in self.classes):
+        if any(c.declarations["statekeeper_batch_state"] for c in self.classes):
             return (
                 "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE, "
                 "like=fresh_model)  # fresh_model: built as the model was"
@@ -99,13 +105,19 @@ class TransientFix:
         }
 
 
-def _source(cls: type) -> str | None:
+def _source(cls: type) -> tuple[str | None, bool]:
+    """file:line of the class, and whether it is a library's (torch's, an installed
+    package's) rather than the user's."""
+    library = cls.__module__.split(".")[0] == "torch"
     try:
         file = inspect.getsourcefile(cls)
         line = inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):  # built in, or defined where no source is kept
-        return None
-    return f"{file}:{line}" if file else None
+        return None, library
+    if file is None:
+        return None, library
+    library = library or any(part in file for part in ("site-packages", "dist-packages"))
+    return f"{file}:{line}", library
 
 
 def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> TransientFix:
@@ -113,30 +125,33 @@ def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> Tra
     target = build_target(factory, spec=spec)
     report = run(target, rules=(TransientTensors(), BatchState()), spec=spec)
     modules = dict(target.model.named_modules()) if target.model is not None else {}
+    kept = kept_inputs(target) if any(f.rule == "SK004" for f in report.findings) else set()
     found: dict[type, dict[str, list[str]]] = {}
     for f in report.findings:
         declaration = _DECLARATIONS.get(f.rule)
         path = f.module
         if path is None or path not in modules or declaration is None or not f.tensor:
             continue  # an INFO finding (no fresh instance), or nothing to declare
+        if (path, f.tensor) in kept:
+            declaration = "statekeeper_borrowed"
         entry = found.setdefault(type(modules[path]), {"paths": []})
-        entry.setdefault(declaration, [])
-        if f.tensor not in entry[declaration]:
-            entry[declaration].append(f.tensor)
+        names = entry.setdefault(declaration, [])
+        if f.tensor not in names:
+            names.append(f.tensor)
         entry["paths"].append(f"model.{path}" if path else "model")
     classes = []
     for cls, entry in found.items():
-        names: dict[str, tuple[str, ...]] = {}
+        declarations: dict[str, tuple[str, ...]] = {}
         added: list[str] = []
-        for declaration in _DECLARATIONS.values():
+        for declaration in _NAMES:
             has = getattr(cls, declaration, ())
             has = (has,) if isinstance(has, str) else tuple(has)
             new = [n for n in entry.get(declaration, []) if n not in has]
-            names[declaration] = (*has, *new) if new or has else ()
+            declarations[declaration] = (*has, *new)
             added.extend(new)
+        source, library = _source(cls)
         classes.append(ClassFix(
-            f"{cls.__module__}.{cls.__qualname__}", _source(cls),
-            names["statekeeper_transient"], names["statekeeper_batch_state"],
-            tuple(added), tuple(dict.fromkeys(entry["paths"])),
+            f"{cls.__module__}.{cls.__qualname__}", source, declarations, tuple(added),
+            tuple(dict.fromkeys(entry["paths"])), library,
         ))  # fmt: skip
     return TransientFix(report.target, tuple(classes), report)

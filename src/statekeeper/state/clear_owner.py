@@ -7,14 +7,20 @@ a tensor the module itself made may be emptied:
   model being cleared, nor a tensor sharing storage with one of those or with another
   tensor the model holds: such attributes are machinery (``nn.LSTM``'s ``_flat_weights``,
   tied weights) or aliases, and are dropped by reference at most;
-- a tensor with autograd history is the module's own product when its graph reaches one of
-  the module's own parameters (a cached output, a hidden state); the graph of a caller's
-  tensor, or of another module's output passed through, reaches none of them;
+- a tensor with autograd history is taken for the module's own product when its graph,
+  looked at from the tensor back (breadth first, a bounded number of nodes: a module's
+  own product meets its parameters within its last few operations), reaches one of the
+  module's own parameters (a cached output, a hidden state); the graph of a caller's
+  tensor, or of another module's output passed through, reaches none of them. This is a
+  judgement from the graph, not a proof: a module that keeps its *input* when that input
+  came out of the module itself (a cell applied in a loop, weights shared with an earlier
+  layer) must say so with ``statekeeper_borrowed``, as ``doctor --fix-transient`` proposes;
 - a tensor without history is emptied only when the class declares it owned.
 """
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +29,7 @@ from statekeeper.state.attributes import INTERNALS, held_tensors
 
 __all__ = ["Guard", "emptiable", "guard_of", "is_machinery"]
 
-_WALK_LIMIT = 20_000  # graph nodes looked at per tensor; past it, the tensor is not emptied
+_WALK_LIMIT = 256  # graph nodes looked at per tensor; past it, the tensor is not emptied
 
 StorageKey = tuple[str, int | None, int]
 
@@ -79,18 +85,21 @@ def is_machinery(t: torch.Tensor, guard: Guard) -> bool:
 
 
 def _made_by(t: torch.Tensor, params: frozenset[int]) -> bool:
-    """Whether ``t``'s autograd graph reaches one of ``params`` (the module's own)."""
+    """Whether ``t``'s autograd graph reaches one of ``params`` (the module's own) within
+    the first ``_WALK_LIMIT`` nodes, breadth first."""
+    if not params:
+        return False
     seen: set[int] = set()
-    stack = [t.grad_fn]
-    while stack and len(seen) < _WALK_LIMIT:
-        fn = stack.pop()
+    queue = collections.deque([t.grad_fn])
+    while queue and len(seen) < _WALK_LIMIT:
+        fn = queue.popleft()
         if fn is None or id(fn) in seen:
             continue
         seen.add(id(fn))
         variable = getattr(fn, "variable", None)
         if variable is not None and id(variable) in params:
             return True
-        stack.extend(nxt for nxt, _ in fn.next_functions)
+        queue.extend(nxt for nxt, _ in fn.next_functions)
     return False
 
 
@@ -100,6 +109,8 @@ def emptiable(t: torch.Tensor, owned: bool, params: frozenset[int], guard: Guard
     if (
         type(t) is not torch.Tensor
         or t.layout is not torch.strided
+        or t.is_nested
+        or t.is_quantized
         or t.is_inference()
         or t.device.type == "meta"
         or (t.is_leaf and t.requires_grad)  # a trainable leaf: somebody's

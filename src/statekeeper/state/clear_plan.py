@@ -13,9 +13,24 @@ from statekeeper.errors import InvalidArgumentError
 from statekeeper.state.attributes import INTERNALS, held_tensors
 from statekeeper.state.clear_options import ClearAction, ClearMode
 from statekeeper.state.clear_owner import Guard, emptiable, is_machinery
-from statekeeper.state.clear_reset import changed_since_init, fresh_value, is_batch_state
+from statekeeper.state.clear_reset import (
+    changed_since_init,
+    derived,
+    fresh_value,
+    is_batch_state,
+)
 
-__all__ = ["DECLARATIONS", "Step", "attribute_steps", "buffer_steps", "declared", "nbytes"]
+__all__ = [
+    "DECLARATIONS",
+    "Step",
+    "attribute_steps",
+    "buffer_steps",
+    "check_declarations",
+    "declared",
+    "nbytes",
+]
+
+_RELEASED = ClearAction.RELEASED
 
 DECLARATIONS = (
     "statekeeper_transient",
@@ -51,6 +66,39 @@ def declared(module: torch.nn.Module, declaration: str) -> set[str]:
     return set(names)
 
 
+def check_declarations(module: torch.nn.Module) -> None:
+    """Every declaration of ``module``'s class is a tuple of names of plain attributes
+    (a buffer is declared in ``statekeeper_batch_state``; a parameter never)."""
+    for declaration in DECLARATIONS:
+        names = declared(module, declaration)
+        if declaration == "statekeeper_batch_state":
+            continue
+        for name in sorted(names & (set(module._buffers) | set(module._parameters))):
+            kind = "buffer" if name in module._buffers else "parameter"
+            fix = (
+                "list it in statekeeper_batch_state and pass "
+                "include=statekeeper.ClearInclude.BATCH_STATE"
+                if kind == "buffer"
+                else "remove it: parameters are never cleared"
+            )
+            raise InvalidArgumentError(
+                f"{type(module).__qualname__}.{declaration} names {kind} '{name}', which "
+                f"clear_state never takes for a plain attribute: {fix}"
+            )
+
+
+def _as_fresh(value: Any, fresh: Any) -> bool:
+    """A plain value equal to what ``__init__`` left (``None``, the same number)."""
+    if value is fresh:
+        return True
+    if held_tensors(value) is not None or type(value) is not type(fresh):
+        return False
+    try:
+        return bool(value == fresh)
+    except Exception:  # an object whose == does not answer
+        return False
+
+
 def _pure(value: Any) -> bool:
     """A tensor, or a list, tuple or dict of tensors and ``None`` only."""
     if isinstance(value, torch.Tensor):
@@ -82,11 +130,20 @@ def attribute_steps(
     steps = []
     for attr, value in vars(sub).items():
         tensors = None if attr in INTERNALS else held_tensors(value)
+        fresh = fresh_value(fresh_sub, attr)
+        named = attr in transient | owned | borrowed
+        if named and fresh_sub is not None and not (tensors and _pure(value)):
+            if not _as_fresh(value, fresh) and not any(
+                is_machinery(t, guard) for t in tensors or ()
+            ):  # a position counter, a cache object: back to what __init__ left
+                steps.append(Step(sub, attr, path, value, tensors or [], [], fresh, _RELEASED))
+            continue
         if not tensors or not _pure(value) or any(is_machinery(t, guard) for t in tensors):
             continue  # no tensors, other values too, or machinery (LSTM, DDP, tied views)
-        fresh = fresh_value(fresh_sub, attr)
+        if derived(fresh):
+            continue  # computed from parameters by __init__ (tied, weight norm): machinery
         if not (
-            attr in transient | owned | borrowed
+            named
             or any(t.grad_fn is not None for t in tensors)
             or (fresh_sub is not None and changed_since_init(value, tensors, fresh))
         ):

@@ -20,6 +20,7 @@ __all__ = [
     "MISSING",
     "NO_FRESH",
     "changed_since_init",
+    "derived",
     "fresh_modules",
     "fresh_value",
     "initial_value",
@@ -81,11 +82,18 @@ def fresh_value(fresh: torch.nn.Module | None, attr: str) -> Any:
     return vars(fresh).get(attr, MISSING)
 
 
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype.is_floating_point:
+        return "float"
+    return "complex" if dtype.is_complex else str(dtype)
+
+
 def changed_since_init(value: Any, tensors: list[torch.Tensor], fresh: Any) -> bool:
     """Whether a forward created or replaced this tensor attribute, by its structure: the
     fresh instance has no such attribute, something else than tensors there (``None``, a
-    float), or tensors of other shapes or dtypes (an empty placeholder, a state that follows
-    the batch). Values are not compared: two instances differ in every random constant of
+    float), or tensors of other shapes or kinds of dtype (an empty placeholder, a state
+    that follows the batch; a float constant cast with the model is still the same).
+    Values are not compared: two instances differ in every random constant of
     ``__init__`` (random features, an anchor copy of the weights) that no forward touched."""
     if fresh is MISSING:
         return True
@@ -95,8 +103,17 @@ def changed_since_init(value: Any, tensors: list[torch.Tensor], fresh: Any) -> b
     if isinstance(value, dict) and list(value) != list(fresh):
         return True
     return any(
-        a.shape != b.shape or a.dtype != b.dtype for a, b in zip(tensors, theirs, strict=True)
+        a.shape != b.shape or _dtype_kind(a.dtype) != _dtype_kind(b.dtype)
+        for a, b in zip(tensors, theirs, strict=True)
     )
+
+
+def derived(fresh: Any) -> bool:
+    """Whether ``__init__`` computed the attribute from parameters (it has autograd history
+    on the fresh instance: tied weights, a weight-norm ``weight``): the module's machinery,
+    recomputed by the module itself, never a forward's leftover."""
+    tensors = held_tensors(fresh) if fresh is not MISSING and fresh is not NO_FRESH else None
+    return any(t.grad_fn is not None for t in tensors or ())
 
 
 def _copied(value: Any, device: torch.device | None) -> Any:
@@ -134,12 +151,19 @@ def is_batch_state(
     name: str, buf: torch.Tensor, declared: set[str], persistent: bool, fresh: Any
 ) -> bool:
     """A buffer holding per-batch state: declared so by its class, or (with a fresh
-    instance) a persistent buffer whose shape moved from what ``__init__`` made, as a buffer
-    that follows the batch does. Running statistics keep their shape; a dtype cast of the
-    whole model (``.to(torch.bfloat16)``) moves no shape."""
+    instance) a persistent buffer whose leading dimension alone moved from a non-empty
+    ``__init__`` value, as a state that follows the batch size does. Running statistics
+    keep their shape; a buffer ``__init__`` left empty and a setup step filled (an
+    observer's ``min_val``, a table) is the model's, not the batch's."""
     if name in declared:
         return True
-    return persistent and isinstance(fresh, torch.Tensor) and fresh.shape != buf.shape
+    if not persistent or not isinstance(fresh, torch.Tensor) or fresh.numel() == 0:
+        return False
+    return (
+        fresh.dim() == buf.dim() >= 1
+        and fresh.shape[0] != buf.shape[0]
+        and fresh.shape[1:] == buf.shape[1:]
+    )
 
 
 def reset(buf: torch.Tensor, fresh: Any) -> None:

@@ -13,7 +13,9 @@ and change what the next forward computes.
   ``statekeeper_borrowed``;
 - any other holding a tensor with autograd history (``grad_fn``): a product of a forward;
 - given a freshly constructed instance (``like=``), any other that the forward created or
-  replaced (``__init__`` left none, or no tensors, or tensors of other shapes there).
+  replaced (``__init__`` left none, no tensors, or tensors of other shapes or kinds of
+  dtype there); with it, a declared attribute holding no tensors (a position counter) is
+  given back what ``__init__`` left too.
 
 Never touched: parameters (of any model) and views of them, the model's buffers and
 gradients, attributes holding any of these (``nn.LSTM``'s ``_flat_weights``, DDP's lists,
@@ -33,8 +35,9 @@ a tuple) or a new empty list or dict. ``ClearMode.RELEASE`` only drops reference
 
 **Per-batch buffers** (``include=ClearInclude.BATCH_STATE``): persistent buffers holding
 the last batch's state, which the doctor's SK005 reports, are reset in place: those the
-class lists in ``statekeeper_batch_state``, and with ``like=`` those whose shape moved
-from ``__init__``'s; to the fresh instance's value, else zeros. No other buffer and no
+class lists in ``statekeeper_batch_state``, and with ``like=`` those whose leading
+dimension alone moved from a non-empty ``__init__`` value; to the fresh instance's value,
+else zeros. No other buffer and no
 parameter is ever touched.
 
 **Modules that know better** clear themselves (:mod:`statekeeper.state.clear_rules`).
@@ -60,11 +63,10 @@ from statekeeper.state.clear_options import (
 )
 from statekeeper.state.clear_owner import Guard, guard_of
 from statekeeper.state.clear_plan import (
-    DECLARATIONS,
     Step,
     attribute_steps,
     buffer_steps,
-    declared,
+    check_declarations,
     nbytes,
 )
 from statekeeper.state.clear_reset import MISSING, fresh_modules, initial_value, reset
@@ -139,10 +141,11 @@ def _clear(root: torch.nn.Module, call: _Call, own_only: bool) -> None:
     subs = [root] if own_only else [m for _, m in root.named_modules()]
     walk = [(call.paths[id(m)], m) for m in subs if own_only or id(m) not in call.done]
     for _, sub in walk:  # every declaration checked before anything changes
-        for declaration in DECLARATIONS:
-            declared(sub, declaration)
+        check_declarations(sub)
     steps: list[Step] = []
     for path, sub in walk:
+        if id(sub) in call.done and not (own_only and sub is root):
+            continue  # cleared meanwhile, by a rule that cleared its children
         call.done.add(id(sub))
         rule = rule_for(sub)
         if rule is not None:
@@ -164,8 +167,11 @@ def _apply(step: Step) -> None:
         return
     with torch.no_grad():
         for t in step.empty:
-            t.set_()  # type: ignore[call-overload]
-    value = initial_value(step.value, step.fresh, step.tensors[0].device)
+            try:
+                t.set_()  # type: ignore[call-overload]
+            except (RuntimeError, NotImplementedError):  # a kind that cannot be: dropped only
+                step.action = ClearAction.RELEASED
+    value = initial_value(step.value, step.fresh, step.tensors[0].device if step.tensors else None)
     if value is MISSING:
         delattr(step.module, step.name)
     else:

@@ -219,3 +219,32 @@ def test_fix_transient_names_the_root_class_and_says_when_nothing_was_checked(
     path.write_bytes(b"")
     result = CliRunner().invoke(main, ["doctor", str(path), "--fix-transient"])
     assert result.exit_code == 3 and "reads a model, not a checkpoint" in result.output
+
+
+class _Calibrating(torch.nn.Module):
+    """An observer-like buffer (empty, then filled) and a scripted submodule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("min_val", torch.tensor([]))
+        self.scripted = torch.jit.script(torch.nn.Linear(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.min_val = x.min(0).values
+        self.seen = x
+        return self.scripted(x)
+
+
+def calibrating_model() -> dict[str, Any]:
+    return {"model": _Calibrating(), "example_input": torch.ones(3, 4)}
+
+
+def test_fix_transient_leaves_calibration_alone_and_copes_with_torchscript() -> None:
+    result = CliRunner().invoke(
+        main, ["doctor", f"{__name__}:calibrating_model", "--fix-transient", "--json"]
+    )
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.output)
+    (fix,) = data["classes"]
+    assert fix["borrowed"] == ["seen"] and fix["batch_state"] == []
+    assert data["not_proposed"] == ["min_val of _Calibrating"]

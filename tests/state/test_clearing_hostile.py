@@ -363,15 +363,25 @@ def test_nested_tensors_are_dropped_and_declarations_are_checked() -> None:
         "a": sk.ClearAction.EMPTIED, "z": sk.ClearAction.RELEASED
     }  # fmt: skip
 
-    class KeepsBuffer(torch.nn.Module):
+    class SavesIt(torch.nn.Module):
         statekeeper_transient = ("k",)
 
         def __init__(self) -> None:
             super().__init__()
-            self.register_buffer("k", torch.zeros(2), persistent=False)
+            self.register_buffer("k", torch.zeros(2))
 
-    with pytest.raises(sk.InvalidArgumentError, match=r"names buffer 'k'.*statekeeper_batch_state"):
-        sk.clear_state(KeepsBuffer())
+    with pytest.raises(sk.InvalidArgumentError, match=r"persistent buffer 'k'.*batch_state"):
+        sk.clear_state(SavesIt())
+
+    class Misplaced(torch.nn.Module):
+        statekeeper_batch_state = ("h",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.h = torch.zeros(2)
+
+    with pytest.raises(sk.InvalidArgumentError, match=r"plain attribute 'h'.*transient"):
+        sk.clear_state(Misplaced())
 
 
 def test_like_resets_a_declared_position_counter() -> None:
@@ -400,3 +410,84 @@ def test_like_resets_a_declared_position_counter() -> None:
     assert model.pos == 4  # without a fresh instance, a number cannot be known
     sk.clear_state(model, like=KV())
     assert model.pos == 0 and torch.equal(model(x), fresh(x))
+
+
+def test_a_declared_cache_buffer_goes_back_to_none_and_the_callers_copy_survives() -> None:
+    class Rotary(torch.nn.Module):
+        statekeeper_transient = ("cache",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", None, persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.cache is None or self.cache.shape != x.shape:
+                self.cache = torch.cos(torch.arange(x.numel(), dtype=x.dtype)).view_as(x)
+            return x * self.cache
+
+    model = Rotary()
+    model(torch.ones(2, 3))
+    kept = model.cache
+    assert kept is not None
+    values = kept.clone()
+    sk.clear_state(model)
+    assert model.cache is None and "cache" in model._buffers  # registered, as __init__ left
+    assert torch.equal(kept, values)  # no history, not owned: the caller's copy survives
+    model(torch.ones(2, 3))
+    sk.clear_state(model, like=Rotary())
+    assert model.cache is None
+
+
+def test_per_channel_scales_and_declared_results_of_init_forwards() -> None:
+    class PerChannel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.ones(1))  # becomes (C,) on first use
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.scale = x.abs().amax(0)
+            return x / self.scale
+
+    model = PerChannel()
+    model(torch.randn(4, 3))
+    scale = model.scale.clone()
+    sk.clear_state(model, like=PerChannel(), include=sk.ClearInclude.BATCH_STATE)
+    assert torch.equal(model.scale, scale)  # a per-channel scale: the model's, not the batch's
+
+    class Probed(torch.nn.Module):
+        statekeeper_transient = ("last",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.last = self.lin(torch.zeros(64, 4))  # a shape-inference forward in __init__
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.last = self.lin(x)
+            return self.last
+
+    probed = Probed()
+    probed(torch.ones(2, 4))
+    sk.clear_state(probed, like=Probed())  # declared: cleared, given back what __init__ left
+    assert probed.last is not None and probed.last.shape == (64, 4)
+    assert probed.last.grad_fn is None  # a copy, without the fresh instance's graph
+
+
+def test_values_given_back_take_the_models_dtype() -> None:
+    class Hidden(torch.nn.Module):
+        statekeeper_transient = ("h",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.h = torch.zeros(1, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.h = torch.tanh(self.lin(x) + self.h)
+            return self.h
+
+    model = Hidden().to(torch.bfloat16)
+    model.h = model.h.to(torch.bfloat16)
+    model(torch.ones(1, 4, dtype=torch.bfloat16))
+    sk.clear_state(model, like=Hidden())
+    assert model.h.dtype == torch.bfloat16 and not model.h.any()

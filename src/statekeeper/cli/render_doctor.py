@@ -72,6 +72,10 @@ def transient_fix(fix: TransientFix, as_json: bool) -> None:
     else:
         out.print(Text(f"{fix.target}: not checked (SK004 and SK005 need a fresh model "
                        "and an example input)", style="red"), soft_wrap=True)  # fmt: skip
+    if fix.calibration:
+        names = ", ".join(fix.calibration)
+        note = f"# not proposed (filled or reshaped by use: the model's, not the batch's): {names}"
+        out.print(Text(note, style="dim"), soft_wrap=True)
     for f in fix.report.findings:
         if f.tensor == "":  # the rule's own note: no fresh instance
             out.print(Text(f"{f.rule}: {f.problem}; {f.fix}", style="dim"), soft_wrap=True)

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from statekeeper.doctor.finding import Report
+import torch
+
+from statekeeper.doctor.finding import Finding, Report
 from statekeeper.doctor.kept_inputs import kept_inputs
 from statekeeper.doctor.rules.batch_state import BatchState
 from statekeeper.doctor.rules.transient_tensors import TransientTensors
@@ -70,6 +72,7 @@ class TransientFix:
     target: str
     classes: tuple[ClassFix, ...]
     report: Report
+    calibration: tuple[str, ...] = ()  # SK005 buffers filled or reshaped by use: not proposed
 
     @property
     def checked(self) -> bool:
@@ -85,8 +88,9 @@ class TransientFix:
         go back to what ``__init__`` made (their shape too) only with a fresh instance."""
         if any(c.declarations["statekeeper_batch_state"] for c in self.classes):
             return (
-                "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE, "
-                "like=fresh_model)  # fresh_model: built as the model was"
+                "statekeeper.clear_state(\n"
+                "    model, include=statekeeper.ClearInclude.BATCH_STATE, like=fresh_model\n"
+                ")  # fresh_model: built as the model was"
             )
         return "statekeeper.clear_state(model)"
 
@@ -101,6 +105,7 @@ class TransientFix:
             "code": self.code(),
             "call": self.call if self.classes else None,
             "checked": self.checked,
+            "not_proposed": list(self.calibration),
             "skipped": [{"rule": r, "reason": why} for r, why in self.report.skipped],
         }
 
@@ -120,6 +125,20 @@ def _source(cls: type) -> tuple[str | None, bool]:
     return f"{file}:{line}", library
 
 
+def _follows_batch(module: torch.nn.Module, finding: Finding) -> bool:
+    """Whether an SK005 buffer holds per-batch state rather than the model's own: its
+    ``__init__`` value is not empty and the forward moved at most its leading dimension
+    (a (1, N) membrane that became (B, N)); a calibration observer's ``min_val`` (empty,
+    then filled) or a per-channel scale ((1,) then (C,)) is the model's."""
+    init = module._buffers.get(finding.tensor)
+    if init is None or init.numel() == 0 or finding.shape is None:
+        return False
+    shape = tuple(init.shape)
+    if shape == finding.shape:
+        return True
+    return len(shape) == len(finding.shape) >= 2 and shape[1:] == finding.shape[1:]
+
+
 def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> TransientFix:
     """Run SK004 and SK005 on what ``factory`` builds; the declarations each class needs."""
     target = build_target(factory, spec=spec)
@@ -127,6 +146,7 @@ def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> Tra
     modules = dict(target.model.named_modules()) if target.model is not None else {}
     kept = kept_inputs(target) if any(f.rule == "SK004" for f in report.findings) else set()
     found: dict[type, dict[str, list[str]]] = {}
+    skipped: list[str] = []
     for f in report.findings:
         declaration = _DECLARATIONS.get(f.rule)
         path = f.module
@@ -134,6 +154,9 @@ def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> Tra
             continue  # an INFO finding (no fresh instance), or nothing to declare
         if (path, f.tensor) in kept:
             declaration = "statekeeper_borrowed"
+        if f.rule == "SK005" and not _follows_batch(modules[path], f):
+            skipped.append(f"{f.tensor} of {type(modules[path]).__qualname__}")
+            continue
         entry = found.setdefault(type(modules[path]), {"paths": []})
         names = entry.setdefault(declaration, [])
         if f.tensor not in names:
@@ -154,4 +177,4 @@ def fix_transient(factory: Callable[[], Any], *, spec: str | None = None) -> Tra
             f"{cls.__module__}.{cls.__qualname__}", source, declarations, tuple(added),
             tuple(dict.fromkeys(entry["paths"])), library,
         ))  # fmt: skip
-    return TransientFix(report.target, tuple(classes), report)
+    return TransientFix(report.target, tuple(classes), report, tuple(dict.fromkeys(skipped)))

@@ -14,6 +14,7 @@ from statekeeper.state.attributes import INTERNALS, held_tensors
 from statekeeper.state.clear_options import ClearAction, ClearMode
 from statekeeper.state.clear_owner import Guard, emptiable, is_machinery
 from statekeeper.state.clear_reset import (
+    NO_FRESH,
     changed_since_init,
     derived,
     fresh_value,
@@ -67,23 +68,27 @@ def declared(module: torch.nn.Module, declaration: str) -> set[str]:
 
 
 def check_declarations(module: torch.nn.Module) -> None:
-    """Every declaration of ``module``'s class is a tuple of names of plain attributes
-    (a buffer is declared in ``statekeeper_batch_state``; a parameter never)."""
+    """Every declaration of ``module``'s class is a tuple of names, each where it belongs:
+    plain attributes or non-persistent buffers (caches) in ``statekeeper_transient``,
+    ``statekeeper_owned`` and ``statekeeper_borrowed``; buffers in
+    ``statekeeper_batch_state``; never a parameter."""
+    persistent = set(module._buffers) - module._non_persistent_buffers_set
     for declaration in DECLARATIONS:
         names = declared(module, declaration)
+        wrong: dict[str, str] = {n: "parameter" for n in names & set(module._parameters)}
         if declaration == "statekeeper_batch_state":
-            continue
-        for name in sorted(names & (set(module._buffers) | set(module._parameters))):
-            kind = "buffer" if name in module._buffers else "parameter"
-            fix = (
-                "list it in statekeeper_batch_state and pass "
-                "include=statekeeper.ClearInclude.BATCH_STATE"
-                if kind == "buffer"
-                else "remove it: parameters are never cleared"
-            )
+            wrong |= {n: "plain attribute" for n in names if held_tensors(vars(module).get(n))}
+        else:
+            wrong |= {n: "persistent buffer" for n in names & persistent}
+        for name, kind in sorted(wrong.items()):
+            fix = {
+                "parameter": "remove it: parameters are never cleared",
+                "persistent buffer": "a saved buffer holding per-batch state goes in "
+                "statekeeper_batch_state (cleared with include=ClearInclude.BATCH_STATE)",
+                "plain attribute": "list it in statekeeper_transient",
+            }[kind]
             raise InvalidArgumentError(
-                f"{type(module).__qualname__}.{declaration} names {kind} '{name}', which "
-                f"clear_state never takes for a plain attribute: {fix}"
+                f"{type(module).__qualname__}.{declaration} names {kind} '{name}': {fix}"
             )
 
 
@@ -128,7 +133,8 @@ def attribute_steps(
     transient, owned, borrowed = (declared(sub, d) for d in DECLARATIONS[:3])
     params: frozenset[int] | None = None  # the module's own parameters, found when needed
     steps = []
-    for attr, value in vars(sub).items():
+    caches = {n: b for n, b in sub._buffers.items() if n in transient | owned | borrowed}
+    for attr, value in [*vars(sub).items(), *caches.items()]:
         tensors = None if attr in INTERNALS else held_tensors(value)
         fresh = fresh_value(fresh_sub, attr)
         named = attr in transient | owned | borrowed
@@ -138,9 +144,12 @@ def attribute_steps(
             ):  # a position counter, a cache object: back to what __init__ left
                 steps.append(Step(sub, attr, path, value, tensors or [], [], fresh, _RELEASED))
             continue
-        if not tensors or not _pure(value) or any(is_machinery(t, guard) for t in tensors):
-            continue  # no tensors, other values too, or machinery (LSTM, DDP, tied views)
-        if derived(fresh):
+        cache = attr in caches  # a declared non-persistent buffer: the module's cache
+        if not tensors or not _pure(value):
+            continue  # no tensors, or other values too
+        if not cache and any(is_machinery(t, guard) for t in tensors):
+            continue  # machinery (nn.LSTM's _flat_weights, DDP's lists, tied views)
+        if not named and derived(fresh):
             continue  # computed from parameters by __init__ (tied, weight norm): machinery
         if not (
             named
@@ -161,17 +170,12 @@ def attribute_steps(
 def buffer_steps(path: str, sub: torch.nn.Module, fresh_sub: torch.nn.Module | None) -> list[Step]:
     """The steps resetting ``sub``'s per-batch buffers."""
     batch = declared(sub, "statekeeper_batch_state")
-    for name in batch & set(sub._parameters):
-        raise InvalidArgumentError(
-            f"{type(sub).__qualname__}.statekeeper_batch_state names parameter '{name}': "
-            "only buffers hold per-batch state, parameters are never cleared"
-        )
     steps = []
     for name, buf in sub._buffers.items():
         if buf is None:
             continue
         persistent = name not in sub._non_persistent_buffers_set
-        fresh = None if fresh_sub is None else fresh_sub._buffers.get(name)
+        fresh = NO_FRESH if fresh_sub is None else fresh_sub._buffers.get(name)
         if is_batch_state(name, buf, batch, persistent, fresh):
             steps.append(Step(sub, name, path, buf, [buf], [], fresh, ClearAction.RESET))
     return steps

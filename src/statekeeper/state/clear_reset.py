@@ -75,10 +75,12 @@ def _kind(module: torch.nn.Module) -> type:
 
 
 def fresh_value(fresh: torch.nn.Module | None, attr: str) -> Any:
-    """The attribute as ``__init__`` left it on the fresh module: MISSING when it has none,
-    NO_FRESH when no fresh instance was given."""
+    """The attribute (or non-persistent buffer) as ``__init__`` left it on the fresh module:
+    MISSING when it has none, NO_FRESH when no fresh instance was given."""
     if fresh is None:
         return NO_FRESH
+    if attr in fresh._buffers:
+        return fresh._buffers[attr]
     return vars(fresh).get(attr, MISSING)
 
 
@@ -116,32 +118,36 @@ def derived(fresh: Any) -> bool:
     return any(t.grad_fn is not None for t in tensors or ())
 
 
-def _copied(value: Any, device: torch.device | None) -> Any:
-    """A copy of a fresh instance's value: tensors cloned (on ``device``), containers of the
-    same type (a namedtuple, a defaultdict) rebuilt around them."""
+def _copied(value: Any, device: torch.device | None, dtype: torch.dtype | None) -> Any:
+    """A copy of a fresh instance's value: tensors cloned (on ``device``; floating ones in
+    ``dtype``, the model's), containers of the same type (a namedtuple, a defaultdict)
+    rebuilt around them."""
     if isinstance(value, torch.Tensor):
         t = value.detach().clone()
-        return t.to(device) if device is not None else t
+        cast = dtype if dtype is not None and t.is_floating_point() else None
+        return t.to(device=device, dtype=cast) if device is not None or cast else t
     if isinstance(value, tuple):
-        items = [_copied(v, device) for v in value]
+        items = [_copied(v, device, dtype) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, list | dict):
         new = copy.copy(value)
         keys = range(len(value)) if isinstance(value, list) else list(value)
         for k in keys:
-            new[k] = _copied(value[k], device)
+            new[k] = _copied(value[k], device, dtype)
         return new
     return copy.deepcopy(value)
 
 
-def initial_value(value: Any, fresh: Any, device: torch.device | None) -> Any:
+def initial_value(
+    value: Any, fresh: Any, device: torch.device | None, dtype: torch.dtype | None
+) -> Any:
     """What a cleared attribute is set to: a copy of the fresh instance's value (tensors on
     the device the cleared ones were on), MISSING when it has none (the attribute is
     deleted), else None for a tensor or a tuple, a new empty list or dict."""
     if fresh is MISSING:
         return MISSING
     if fresh is not NO_FRESH:
-        return _copied(fresh, device)
+        return _copied(fresh, device, dtype)
     if isinstance(value, list | dict):
         return type(value)()  # a new one: the old one may be the caller's
     return None
@@ -159,17 +165,21 @@ def is_batch_state(
         return True
     if not persistent or not isinstance(fresh, torch.Tensor) or fresh.numel() == 0:
         return False
-    return (
-        fresh.dim() == buf.dim() >= 1
+    return (  # (batch, features...): a per-channel scale of shape (C,) is no batch state
+        fresh.dim() == buf.dim() >= 2
         and fresh.shape[0] != buf.shape[0]
         and fresh.shape[1:] == buf.shape[1:]
     )
 
 
-def reset(buf: torch.Tensor, fresh: Any) -> None:
-    """Put a per-batch buffer back in place (references to it stay valid): the fresh
-    instance's value (in the buffer's dtype and on its device), else zeros (as recurrent
-    and membrane states start, in the shape the buffer has now)."""
+def reset(module: torch.nn.Module, name: str, buf: torch.Tensor, fresh: Any) -> None:
+    """Put a per-batch buffer back: in place (references to it see it) to the fresh
+    instance's value, in the buffer's dtype and on its device; to ``None`` when ``__init__``
+    registered none; zeros without a fresh instance (as recurrent and membrane states
+    start, in the shape the buffer has now)."""
+    if fresh is None or fresh is MISSING:
+        module._buffers[name] = None
+        return
     with torch.no_grad(), torch.inference_mode(buf.is_inference()):
         if isinstance(fresh, torch.Tensor):
             new = fresh.detach().to(device=buf.device, dtype=buf.dtype)

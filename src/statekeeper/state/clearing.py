@@ -161,17 +161,31 @@ def _clear(root: torch.nn.Module, call: _Call, own_only: bool) -> None:
         _record(call, Cleared(f"{step.path}.{step.name}".lstrip("."), step.action, size))
 
 
+def _placement(step: Step) -> tuple[torch.device | None, torch.dtype | None]:
+    """Where values given back go: the cleared tensors' device and floating dtype, else
+    the module's (its parameters and buffers), so a fresh instance built on CPU in float32
+    gives a bf16 model on a GPU values of its own kind."""
+    own = [*step.tensors, *step.module.parameters(), *step.module.buffers()]
+    device = own[0].device if own else None
+    dtype = next((t.dtype for t in own if t.is_floating_point()), None)
+    return device, dtype
+
+
 def _apply(step: Step) -> None:
     if step.action is ClearAction.RESET:
-        reset(step.value, step.fresh)
+        reset(step.module, step.name, step.value, step.fresh)
         return
+    emptied = 0
     with torch.no_grad():
         for t in step.empty:
             try:
                 t.set_()  # type: ignore[call-overload]
+                emptied += 1
             except (RuntimeError, NotImplementedError):  # a kind that cannot be: dropped only
-                step.action = ClearAction.RELEASED
-    value = initial_value(step.value, step.fresh, step.tensors[0].device if step.tensors else None)
+                pass
+    if not emptied:
+        step.action = ClearAction.RELEASED
+    value = initial_value(step.value, step.fresh, *_placement(step))
     if value is MISSING:
         delattr(step.module, step.name)
     else:

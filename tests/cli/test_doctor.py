@@ -248,3 +248,21 @@ def test_fix_transient_leaves_calibration_alone_and_copes_with_torchscript() -> 
     (fix,) = data["classes"]
     assert fix["borrowed"] == ["seen"] and fix["batch_state"] == []
     assert data["not_proposed"] == ["min_val of _Calibrating"]
+
+
+def observed_model() -> dict[str, Any]:
+    from torch.ao.quantization import MinMaxObserver
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), MinMaxObserver())
+    return {"model": model, "example_input": torch.randn(3, 4)}
+
+
+def test_fix_transient_never_proposes_an_observers_calibration() -> None:
+    result = CliRunner().invoke(
+        main, ["doctor", f"{__name__}:observed_model", "--fix-transient", "--json"]
+    )
+    data = json.loads(result.output)
+    assert result.exit_code == 0, result.output
+    assert data["classes"] == [] and data["not_proposed"] == [
+        "min_val of MinMaxObserver", "max_val of MinMaxObserver"
+    ]  # fmt: skip

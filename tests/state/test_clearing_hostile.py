@@ -373,15 +373,15 @@ def test_nested_tensors_are_dropped_and_declarations_are_checked() -> None:
     with pytest.raises(sk.InvalidArgumentError, match=r"persistent buffer 'k'.*batch_state"):
         sk.clear_state(SavesIt())
 
-    class Misplaced(torch.nn.Module):
-        statekeeper_batch_state = ("h",)
+    class Tied(torch.nn.Module):
+        statekeeper_owned = ("weight",)
 
         def __init__(self) -> None:
             super().__init__()
-            self.h = torch.zeros(2)
+            self.weight = torch.nn.Parameter(torch.ones(2))
 
-    with pytest.raises(sk.InvalidArgumentError, match=r"plain attribute 'h'.*transient"):
-        sk.clear_state(Misplaced())
+    with pytest.raises(sk.InvalidArgumentError, match=r"parameter 'weight'.*never cleared"):
+        sk.clear_state(Tied())
 
 
 def test_like_resets_a_declared_position_counter() -> None:
@@ -491,3 +491,53 @@ def test_values_given_back_take_the_models_dtype() -> None:
     model(torch.ones(1, 4, dtype=torch.bfloat16))
     sk.clear_state(model, like=Hidden())
     assert model.h.dtype == torch.bfloat16 and not model.h.any()
+
+
+def test_values_given_back_keep_their_own_dtype_under_autocast_and_float64() -> None:
+    class Cell(torch.nn.Module):
+        statekeeper_transient = ("h", "table")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rec = torch.nn.Linear(4, 4)
+            self.h = torch.zeros(1, 4)
+            self.table = (torch.zeros(4), torch.zeros((), dtype=torch.float64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.h = self.rec(self.h + x)
+            self.table = (self.h[0], self.table[1] + 1)
+            return self.h
+
+    model = Cell()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.ones(1, 4))
+    assert model.h.dtype == torch.bfloat16  # the leftover's dtype, not the model's
+    sk.clear_state(model, like=Cell())
+    assert model.h.dtype == torch.float32 and model.table[1].dtype == torch.float64
+    assert model(torch.ones(1, 4)).dtype == torch.float32
+
+
+def test_a_subclass_keeping_a_declared_batch_buffer_as_an_attribute_clears_it() -> None:
+    class LIF(torch.nn.Module):
+        statekeeper_batch_state = ("mem",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.register_buffer("mem", torch.zeros(1, 4))
+
+    class FastLIF(LIF):
+        def __init__(self) -> None:
+            super().__init__()
+            del self.mem
+            self.mem: torch.Tensor | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                self.mem = self.fc(x) if self.mem is None else self.mem * 0.5 + self.fc(x)
+            return self.mem
+
+    model = FastLIF()
+    model(torch.ones(2, 4))
+    sk.clear_state(model)  # declared per-batch state, kept unregistered: cleared as transient
+    assert model.mem is None

@@ -125,17 +125,25 @@ def _source(cls: type) -> tuple[str | None, bool]:
     return f"{file}:{line}", library
 
 
+def _calibrating(module: torch.nn.Module) -> bool:
+    """A quantization observer or fake-quantize module: its statistics are calibration."""
+    try:
+        from torch.ao.quantization import FakeQuantizeBase, ObserverBase
+    except ImportError:  # a torch without torch.ao
+        return False
+    return isinstance(module, ObserverBase | FakeQuantizeBase)
+
+
 def _follows_batch(module: torch.nn.Module, finding: Finding) -> bool:
-    """Whether an SK005 buffer holds per-batch state rather than the model's own: its
-    ``__init__`` value is not empty and the forward moved at most its leading dimension
-    (a (1, N) membrane that became (B, N)); a calibration observer's ``min_val`` (empty,
-    then filled) or a per-channel scale ((1,) then (C,)) is the model's."""
+    """Whether an SK005 buffer holds per-batch state rather than the model's own: a
+    ``(batch, features...)`` buffer (two dimensions or more) whose ``__init__`` value is not
+    empty and whose leading dimension alone may move (a (1, N) membrane that became (B, N));
+    a calibration observer's ``min_val`` (a scalar, or empty and then filled) or a
+    per-channel scale ((1,) then (C,)) is the model's."""
     init = module._buffers.get(finding.tensor)
-    if init is None or init.numel() == 0 or finding.shape is None:
+    if init is None or init.numel() == 0 or finding.shape is None or _calibrating(module):
         return False
     shape = tuple(init.shape)
-    if shape == finding.shape:
-        return True
     return len(shape) == len(finding.shape) >= 2 and shape[1:] == finding.shape[1:]
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "attribute_steps",
     "buffer_steps",
     "check_declarations",
+    "floating_dtype",
     "declared",
     "nbytes",
 ]
@@ -51,6 +52,7 @@ class Step:
     empty: list[torch.Tensor]
     fresh: Any
     action: ClearAction
+    fresh_dtype: torch.dtype | None = None  # the fresh module's floating parameter dtype
 
 
 def declared(module: torch.nn.Module, declaration: str) -> set[str]:
@@ -71,25 +73,32 @@ def check_declarations(module: torch.nn.Module) -> None:
     """Every declaration of ``module``'s class is a tuple of names, each where it belongs:
     plain attributes or non-persistent buffers (caches) in ``statekeeper_transient``,
     ``statekeeper_owned`` and ``statekeeper_borrowed``; buffers in
-    ``statekeeper_batch_state``; never a parameter."""
+    ``statekeeper_batch_state`` (a name that is a plain attribute there, as in a subclass
+    that keeps the state unregistered, is cleared as transient); never a parameter."""
     persistent = set(module._buffers) - module._non_persistent_buffers_set
     for declaration in DECLARATIONS:
         names = declared(module, declaration)
         wrong: dict[str, str] = {n: "parameter" for n in names & set(module._parameters)}
-        if declaration == "statekeeper_batch_state":
-            wrong |= {n: "plain attribute" for n in names if held_tensors(vars(module).get(n))}
-        else:
+        if declaration != "statekeeper_batch_state":
             wrong |= {n: "persistent buffer" for n in names & persistent}
         for name, kind in sorted(wrong.items()):
             fix = {
                 "parameter": "remove it: parameters are never cleared",
                 "persistent buffer": "a saved buffer holding per-batch state goes in "
                 "statekeeper_batch_state (cleared with include=ClearInclude.BATCH_STATE)",
-                "plain attribute": "list it in statekeeper_transient",
             }[kind]
             raise InvalidArgumentError(
                 f"{type(module).__qualname__}.{declaration} names {kind} '{name}': {fix}"
             )
+
+
+def floating_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of the module's first floating parameter, else buffer (its own and its
+    children's): the dtype a cast of the whole module gave it."""
+    for t in (*module.parameters(), *module.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
 
 
 def _as_fresh(value: Any, fresh: Any) -> bool:
@@ -131,7 +140,9 @@ def attribute_steps(
 ) -> list[Step]:
     """The steps clearing ``sub``'s transient attributes."""
     transient, owned, borrowed = (declared(sub, d) for d in DECLARATIONS[:3])
+    transient |= declared(sub, "statekeeper_batch_state") - set(sub._buffers)
     params: frozenset[int] | None = None  # the module's own parameters, found when needed
+    dtype = None if fresh_sub is None else floating_dtype(fresh_sub)
     steps = []
     caches = {n: b for n, b in sub._buffers.items() if n in transient | owned | borrowed}
     for attr, value in [*vars(sub).items(), *caches.items()]:
@@ -142,7 +153,9 @@ def attribute_steps(
             if not _as_fresh(value, fresh) and not any(
                 is_machinery(t, guard) for t in tensors or ()
             ):  # a position counter, a cache object: back to what __init__ left
-                steps.append(Step(sub, attr, path, value, tensors or [], [], fresh, _RELEASED))
+                steps.append(
+                    Step(sub, attr, path, value, tensors or [], [], fresh, _RELEASED, dtype)
+                )
             continue
         cache = attr in caches  # a declared non-persistent buffer: the module's cache
         if not tensors or not _pure(value):
@@ -163,7 +176,7 @@ def attribute_steps(
                 params = frozenset(id(p) for p in sub.parameters())
             empty = [t for t in tensors if emptiable(t, attr in owned, params, guard)]
         action = ClearAction.EMPTIED if empty else ClearAction.RELEASED
-        steps.append(Step(sub, attr, path, value, tensors, empty, fresh, action))
+        steps.append(Step(sub, attr, path, value, tensors, empty, fresh, action, dtype))
     return steps
 
 

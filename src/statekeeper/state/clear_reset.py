@@ -18,6 +18,7 @@ from statekeeper.state.attributes import held_tensors
 
 __all__ = [
     "MISSING",
+    "Cast",
     "NO_FRESH",
     "changed_since_init",
     "derived",
@@ -118,36 +119,37 @@ def derived(fresh: Any) -> bool:
     return any(t.grad_fn is not None for t in tensors or ())
 
 
-def _copied(value: Any, device: torch.device | None, dtype: torch.dtype | None) -> Any:
-    """A copy of a fresh instance's value: tensors cloned (on ``device``; floating ones in
-    ``dtype``, the model's), containers of the same type (a namedtuple, a defaultdict)
-    rebuilt around them."""
+Cast = tuple[torch.dtype, torch.dtype] | None  # (the fresh module's dtype, the model's)
+
+
+def _copied(value: Any, device: torch.device | None, cast: Cast) -> Any:
+    """A copy of a fresh instance's value: tensors cloned (on ``device``; those in the
+    fresh module's floating dtype cast to the model's), containers of the same type (a
+    namedtuple, a defaultdict) rebuilt around them."""
     if isinstance(value, torch.Tensor):
         t = value.detach().clone()
-        cast = dtype if dtype is not None and t.is_floating_point() else None
-        return t.to(device=device, dtype=cast) if device is not None or cast else t
+        dtype = cast[1] if cast is not None and t.dtype == cast[0] else None
+        return t.to(device=device, dtype=dtype) if device is not None or dtype else t
     if isinstance(value, tuple):
-        items = [_copied(v, device, dtype) for v in value]
+        items = [_copied(v, device, cast) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, list | dict):
         new = copy.copy(value)
         keys = range(len(value)) if isinstance(value, list) else list(value)
         for k in keys:
-            new[k] = _copied(value[k], device, dtype)
+            new[k] = _copied(value[k], device, cast)
         return new
     return copy.deepcopy(value)
 
 
-def initial_value(
-    value: Any, fresh: Any, device: torch.device | None, dtype: torch.dtype | None
-) -> Any:
+def initial_value(value: Any, fresh: Any, device: torch.device | None, cast: Cast) -> Any:
     """What a cleared attribute is set to: a copy of the fresh instance's value (tensors on
     the device the cleared ones were on), MISSING when it has none (the attribute is
     deleted), else None for a tensor or a tuple, a new empty list or dict."""
     if fresh is MISSING:
         return MISSING
     if fresh is not NO_FRESH:
-        return _copied(fresh, device, dtype)
+        return _copied(fresh, device, cast)
     if isinstance(value, list | dict):
         return type(value)()  # a new one: the old one may be the caller's
     return None

@@ -67,9 +67,10 @@ from statekeeper.state.clear_plan import (
     attribute_steps,
     buffer_steps,
     check_declarations,
+    floating_dtype,
     nbytes,
 )
-from statekeeper.state.clear_reset import MISSING, fresh_modules, initial_value, reset
+from statekeeper.state.clear_reset import MISSING, Cast, fresh_modules, initial_value, reset
 from statekeeper.state.clear_rules import in_rule, register_clear_rule, rule_for, running_rule
 
 __all__ = [
@@ -161,14 +162,17 @@ def _clear(root: torch.nn.Module, call: _Call, own_only: bool) -> None:
         _record(call, Cleared(f"{step.path}.{step.name}".lstrip("."), step.action, size))
 
 
-def _placement(step: Step) -> tuple[torch.device | None, torch.dtype | None]:
-    """Where values given back go: the cleared tensors' device and floating dtype, else
-    the module's (its parameters and buffers), so a fresh instance built on CPU in float32
-    gives a bf16 model on a GPU values of its own kind."""
+def _placement(step: Step) -> tuple[torch.device | None, Cast]:
+    """Where values given back go: the cleared tensors' device, else the module's; and
+    the module's floating dtype (its parameters', never a leftover's, which autocast may
+    have made bf16), applied only to fresh tensors in the fresh module's own floating dtype
+    (a float64 constant of ``__init__`` stays float64)."""
     own = [*step.tensors, *step.module.parameters(), *step.module.buffers()]
     device = own[0].device if own else None
-    dtype = next((t.dtype for t in own if t.is_floating_point()), None)
-    return device, dtype
+    dtype = floating_dtype(step.module)
+    if dtype is None or step.fresh_dtype is None or dtype == step.fresh_dtype:
+        return device, None
+    return device, (step.fresh_dtype, dtype)
 
 
 def _apply(step: Step) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -207,3 +208,39 @@ def test_a_killed_fsdp2_run_resumes_bitwise(
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def _batches(log: Path, rank: int) -> dict[int, list[int]]:
+    """Step -> the sample ids it trained on (the last run's, where a resume ran it again)."""
+    seen: dict[int, list[int]] = {}
+    for line in (log.parent / f"{log.name}.{rank}").read_text().splitlines():
+        step, ids = json.loads(line)
+        seen[step] = ids
+    return seen
+
+
+@pytest.mark.xdist_group("gloo")
+def test_a_ddp_run_resumed_mid_epoch_trains_on_the_same_samples(tmp_path: Path) -> None:
+    """Lightning makes the resumed iterator before it sets its DistributedSampler's epoch
+    (Lightning issue #21938): without StatekeeperCallback's repair, the rest of epoch 1
+    is drawn from epoch 0's permutation. Killed after step 7 (newest step: 6, mid-epoch 1)
+    and resumed, both ranks train every step on the samples of the run that never stopped."""
+
+    def job(where: Path, log: Path, kill: int, *more: str) -> int:
+        args = [sys.executable, "-m", "tests.helpers.lightning_order_run", str(where), str(log)]
+        done = subprocess.run(
+            [*args, str(kill), *more], cwd=ROOT, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode in (0, -9), done.stderr[-3000:]
+        return done.returncode
+
+    assert job(tmp_path / "straight", tmp_path / "straight", 0) == 0
+    assert job(tmp_path / "killed", tmp_path / "resumed", 7) == -9
+    assert job(tmp_path / "killed", tmp_path / "resumed", 0, "resume") == 0
+    for rank in (0, 1):
+        straight, resumed = (
+            _batches(tmp_path / "straight", rank),
+            _batches(tmp_path / "resumed", rank),
+        )
+        assert sorted(straight) == list(range(10)) and resumed == straight, rank
+        assert straight[6] != straight[2]  # epochs 0 and 1 are drawn in different orders

@@ -41,6 +41,7 @@ from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import LoadStateError
 from statekeeper.integrations.held import LoaderState, NamedOptimizer, plain_tree
+from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_epoch
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
 from statekeeper.interop.reading import read
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
@@ -103,11 +104,15 @@ class StatekeeperCallback(Callback):
     - Optimizer state keyed by parameter name, not by position (single-device and DDP
       strategies): saved by name, and mapped onto the live optimizers' positions before
       Lightning loads them, every mismatch an error.
+    - The data order of the rest of an epoch resumed mid-way, which Lightning draws from
+      another epoch's permutation (:mod:`statekeeper.integrations.lightning_epoch`).
     """
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
         self._loaded: dict[str, Any] | None = None
+        self._resumed = False  # loaded a checkpoint to resume from
+        self._loaders: list[Any] | None = None
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[_RNG] = RNGState().state_dict()
@@ -125,9 +130,16 @@ class StatekeeperCallback(Callback):
             return
         self._pending = checkpoint.get(_RNG)
         self._loaded = checkpoint  # its optimizer states are mapped once the optimizers exist
+        self._resumed = True
+        self._loaders = loader_states(checkpoint)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._pending = self._loaded = None  # never carried into a later run of the Trainer
+        self._pending = self._loaded = self._loaders = None  # never carried into a later run
+        self._resumed = False
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._resumed:
+            resumed_mid_epoch(trainer, self._loaders)  # Lightning issue #21938
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         loaded, self._loaded = self._loaded, None

@@ -1,0 +1,78 @@
+"""A 2-process DDP Lightning run (CPU, gloo) that records which samples each step trained on.
+
+Usage: python -m tests.helpers.lightning_order_run CKPT_DIR LOG KILL [resume]. Lightning
+starts the second process itself; each rank appends ``[global_step, [sample ids]]`` lines
+to ``LOG.<rank>``. 32 samples, 4 per batch and rank: 4 steps an epoch, 10 steps. Lightning
+gives the ``StatefulDataLoader`` its ``DistributedSampler`` (shuffled by epoch). A
+statekeeper step is saved after every step; after step KILL (0: never) every rank
+SIGKILLs itself (before that step's save: the newest step is KILL - 1); with ``resume``
+the run resumes with ``ckpt_path="last"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+
+class Ids(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([float(i)])
+
+
+class Recorder(pl.LightningModule):
+    def __init__(self, log: str) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+        self.log_to = log
+
+    def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
+        with open(f"{self.log_to}.{self.global_rank}", "a") as f:
+            f.write(json.dumps([self.global_step, batch.flatten().int().tolist()]) + "\n")
+        return self.lin(batch).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class KillAfter(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    where, log, kill = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    pl.seed_everything(0, verbose=False)
+    saves = ModelCheckpoint(dirpath=where, every_n_train_steps=1, save_last=True)
+    callbacks: list[Callback] = [StatekeeperCallback(), saves]
+    if kill:
+        callbacks.append(KillAfter(kill))
+    trainer = pl.Trainer(
+        max_steps=10, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        plugins=[StatekeeperCheckpointIO()],
+    )  # fmt: skip
+    loader = StatefulDataLoader(Ids(), batch_size=4)
+    trainer.fit(Recorder(log), loader, ckpt_path="last" if sys.argv[4:5] == ["resume"] else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,8 @@
 Usage: python -m tests.helpers.lightning_order_run CKPT_DIR LOG KILL [resume]. Lightning
 starts the second process itself; each rank appends ``[global_step, [sample ids]]`` lines
 to ``LOG.<rank>``. 32 samples, 4 per batch and rank: 4 steps an epoch, 10 steps. Lightning
-gives the ``StatefulDataLoader`` its ``DistributedSampler`` (shuffled by epoch). A
+gives the ``StatefulDataLoader`` (two worker processes) its ``DistributedSampler``
+(shuffled by epoch). Each step also records one draw of torch's RNG. A
 statekeeper step is saved after every step; after step KILL (0: never) every rank
 SIGKILLs itself (before that step's save: the newest step is KILL - 1); with ``resume``
 the run resumes with ``ckpt_path="last"``.
@@ -12,14 +13,13 @@ the run resumes with ``ckpt_path="last"``.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from tests.helpers.lightning_fsdp_run import KillAfter
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -42,20 +42,12 @@ class Recorder(pl.LightningModule):
 
     def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
         with open(f"{self.log_to}.{self.global_rank}", "a") as f:
-            f.write(json.dumps([self.global_step, batch.flatten().int().tolist()]) + "\n")
+            ids = batch.flatten().int().tolist()
+            f.write(json.dumps([self.global_step, ids, torch.rand(()).item()]) + "\n")
         return self.lin(batch).pow(2).mean()
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-class KillAfter(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -70,7 +62,7 @@ def main() -> None:
         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
         plugins=[StatekeeperCheckpointIO()],
     )  # fmt: skip
-    loader = StatefulDataLoader(Ids(), batch_size=4)
+    loader = StatefulDataLoader(Ids(), batch_size=4, num_workers=2)
     trainer.fit(Recorder(log), loader, ckpt_path="last" if sys.argv[4:5] == ["resume"] else None)
 
 

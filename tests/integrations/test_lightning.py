@@ -210,12 +210,13 @@ def test_a_killed_fsdp2_run_resumes_bitwise(
         assert torch.equal(a[key], b[key]), key
 
 
-def _batches(log: Path, rank: int) -> dict[int, list[int]]:
-    """Step -> the sample ids it trained on (the last run's, where a resume ran it again)."""
-    seen: dict[int, list[int]] = {}
+def _batches(log: Path, rank: int) -> dict[int, tuple[list[int], float]]:
+    """Step -> the sample ids it trained on and its random draw (the last run's, where a
+    resume ran it again)."""
+    seen: dict[int, tuple[list[int], float]] = {}
     for line in (log.parent / f"{log.name}.{rank}").read_text().splitlines():
-        step, ids = json.loads(line)
-        seen[step] = ids
+        step, ids, draw = json.loads(line)
+        seen[step] = (ids, draw)
     return seen
 
 
@@ -224,7 +225,8 @@ def test_a_ddp_run_resumed_mid_epoch_trains_on_the_same_samples(tmp_path: Path) 
     """Lightning makes the resumed iterator before it sets its DistributedSampler's epoch
     (Lightning issue #21938): without StatekeeperCallback's repair, the rest of epoch 1
     is drawn from epoch 0's permutation. Killed after step 7 (newest step: 6, mid-epoch 1)
-    and resumed, both ranks train every step on the samples of the run that never stopped."""
+    and resumed, both ranks train every step on the samples of the run that never stopped
+    (loaded by two workers each), with the same random draws."""
 
     def job(where: Path, log: Path, kill: int, *more: str) -> int:
         args = [sys.executable, "-m", "tests.helpers.lightning_order_run", str(where), str(log)]
@@ -243,4 +245,4 @@ def test_a_ddp_run_resumed_mid_epoch_trains_on_the_same_samples(tmp_path: Path) 
             _batches(tmp_path / "resumed", rank),
         )
         assert sorted(straight) == list(range(10)) and resumed == straight, rank
-        assert straight[6] != straight[2]  # epochs 0 and 1 are drawn in different orders
+        assert straight[6][0] != straight[2][0]  # epochs 0 and 1 are drawn in other orders

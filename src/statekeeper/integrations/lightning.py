@@ -97,10 +97,11 @@ class StatekeeperCallback(Callback):
     """What Lightning's own checkpoint leaves out for an exact, safe resume.
 
     - Every RNG (Python, numpy, torch, CUDA), restored where the run that saved stood: for
-      a checkpoint saved mid-epoch, as the first batch after the resume starts (after
-      Lightning has made the data iterator, which draws from torch's generator, as the
-      saving run had made it before it saved); for one saved as an epoch ended, as the next
-      epoch starts (before its iterator is made, as in the saving run).
+      a checkpoint saved mid-epoch, as the resumed run starts training, after Lightning
+      has made the data iterator (which draws from torch's generator, as the saving run
+      had made it before it saved) and before the first batch is fetched; for one saved as
+      an epoch ended, as the next epoch starts (before its iterator is made, as in the
+      saving run).
     - Optimizer state keyed by parameter name, not by position (single-device and DDP
       strategies): saved by name, and mapped onto the live optimizers' positions before
       Lightning loads them, every mismatch an error.
@@ -138,8 +139,11 @@ class StatekeeperCallback(Callback):
         self._resumed = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self._resumed:
-            resumed_mid_epoch(trainer, self._loaders)  # Lightning issue #21938
+        if not self._resumed:
+            return
+        resumed_mid_epoch(trainer, self._loaders)  # Lightning issue #21938
+        if trainer.fit_loop.epoch_loop.batch_progress.current.ready > 0:
+            self._restore()  # mid-epoch: after the iterator is made, before the next fetch
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         loaded, self._loaded = self._loaded, None

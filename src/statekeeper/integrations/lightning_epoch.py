@@ -6,16 +6,17 @@ iterator on a resume: resumed mid-epoch, the rest of the epoch is drawn from epo
 permutation of its ``DistributedSampler`` (the loader's position is right, the order is
 another epoch's), with or without statekeeper.
 
-``StatekeeperCallback`` repairs it with the calls Lightning itself makes between epochs:
-the sampler's epoch set to the resumed one, the loader's saved position loaded again, the
-iterator made anew; the RNG is restored after, as the saving run's stood. Only Lightning's
+``StatekeeperCallback`` repairs it: the sampler's epoch set to the resumed one, the
+loader's saved position loaded again, the iterator made anew; the RNG is restored after,
+before the first batch is fetched, as the saving run's stood. Only Lightning's
 own loop attributes are used, and only when they are there (on a Lightning without them
 nothing is done).
 
 Not repaired (docs/integrations.md): a sampler that draws from the global RNG as its
 iterator is made (Lightning's ``DistributedSamplerWrapper`` around a torchdata
 ``StatefulDataLoader``'s shuffling sampler), and a checkpoint saved by the last batch of
-an epoch, which Lightning resumes an epoch further on.
+an epoch (or, in a run bounded by ``max_steps``, as an epoch ended), which Lightning
+resumes an epoch further on.
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def resumed_mid_epoch(trainer: Any, states: list[Any] | None) -> bool:
     Whether anything was done."""
     epoch = _epoch(trainer)
     stale = [s for s in _samplers(trainer) if getattr(s, "epoch", epoch) != epoch]
-    if not stale or trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
-        return False
+    ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    total = getattr(trainer, "num_training_batches", float("inf"))
+    if not stale or ready == 0 or ready >= total:
+        return False  # not mid-epoch: Lightning makes the next epoch's iterator itself
     for sampler in stale:
         sampler.set_epoch(epoch)
     return _remake(trainer, states)

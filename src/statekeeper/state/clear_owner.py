@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from statekeeper.state.attributes import INTERNALS, held_tensors
+from statekeeper.state.attributes import held_tensors, plain_attributes
 
 __all__ = ["Guard", "emptiable", "guard_of", "is_machinery"]
 
@@ -61,10 +61,8 @@ def guard_of(root: torch.nn.Module) -> Guard:
     state: list[torch.Tensor] = [*params, *root.buffers()]
     state.extend(p.grad for p in params if p.grad is not None)
     found = list(state)
-    for sub in root.modules():
-        for attr, value in vars(sub).items():
-            if attr not in INTERNALS:
-                found.extend(t for t in held_tensors(value) or () if not t._is_view())
+    for _, _, value in plain_attributes(root):
+        found.extend(t for t in held_tensors(value) or () if not t._is_view())
     storages: dict[StorageKey, set[int]] = {}
     for t in found:
         key = _storage(t)

@@ -75,6 +75,8 @@ def test_ls_lists_the_statekeeper_steps_of_a_lightning_modelcheckpoint_directory
     shown = invoke("ls", where)
     assert shown.exit_code == 0 and "no checkpoints" not in shown.output
     assert "epoch=0-step=4.ckpt" in shown.output and "3 statekeeper step(s)" in shown.output
+    mirrored = invoke("ls", where, "--mirror", "memory://elsewhere")
+    assert mirrored.exit_code == 2 and "--mirror applies to a run directory" in mirrored.output
 
 
 def test_verify_checks_every_byte_of_each_lightning_step(

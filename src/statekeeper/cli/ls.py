@@ -79,6 +79,13 @@ def ls(target: str, as_json: bool, mirror: str | None) -> None:
     if folder is not None:  # Lightning, Trainer or Accelerate checkpoints, one per entry
         from statekeeper.cli.frameworks import list_framework_folder
 
+        if mirror is not None:
+            render.fail(
+                f"{target} is a {folder.framework} folder, not a statekeeper run directory: "
+                "--mirror applies to a run directory (drop --mirror)",
+                2,
+            )
+
         list_framework_folder(folder, as_json, listing_json)
         return
     with render.reported_errors():

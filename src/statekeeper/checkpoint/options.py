@@ -58,7 +58,7 @@ class SaveOptions:
     - ``steady``: tensor names found unchanged since the previous save, stored in shards of
       their own after the frozen ones (an incremental save can then reuse them whole);
     - ``origin``: how much the manifest's ``origin`` records
-      (:class:`~statekeeper.checkpoint.origin.Origin`); ``None``: ``STATEKEEPER_ORIGIN``,
+      (:class:`~statekeeper.checkpoint.origin_level.Origin`); ``None``: ``STATEKEEPER_ORIGIN``,
       else ``Origin.REDACTED``, read when the manifest is written.
     """
 

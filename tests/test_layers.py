@@ -3,6 +3,7 @@ never sideways, not even inside a function), and no two modules import each othe
 
     errors, progress, extensions  <  storage  <  format  <  state  <  checkpoint  <
     distributed  <  {averaging, interop, data}  <  {doctor, integrations}  <  testing  <  cli
+    <  __main__
 
 The package root (``statekeeper/__init__.py``) is the one exception: it is the public facade
 above every layer, loads names on first use, and hands the core its extensions.
@@ -36,7 +37,7 @@ LAYERS: dict[str, int] = {
     "integrations": 7,
     "testing": 8,
     "cli": 9,
-    "__main__": 9,
+    "__main__": 10,  # `python -m statekeeper`: the command line, above cli
 }
 CORE = {name for name, layer in LAYERS.items() if layer <= LAYERS["checkpoint"]}
 

@@ -15,7 +15,7 @@ EXPECTED = {
     "AtSteps", "Checkpointer", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery",
     "KeepLatest", "Mode", "RNGState", "Retention", "SavePolicy", "ResumableBatchSampler",
     "ResumableLoader", "ResumableSampler", "SeededDataset",
-    "CheckpointInfo", "CorruptCheckpointError", "Incremental", "InjectedFailure",
+    "CheckpointInfo", "CorruptCheckpointError", "Incremental", "InjectedFailure", "Origin",
     "InvalidArgumentError",
     "KeyMismatchError", "LoadStateError", "LocalStorage", "MemoryStorage", "RestoreInfo",
     "StatekeeperError", "StatekeeperWarning", "Stateful", "StepExistsError", "StepNotFoundError",

@@ -31,6 +31,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
     from statekeeper.checkpoint.load import Strict, load
     from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
+    from statekeeper.checkpoint.origin_level import Origin
     from statekeeper.checkpoint.policies import (
         AtSteps,
         EverySeconds,
@@ -111,6 +112,7 @@ _EXPORTS = {
     "EverySteps": "statekeeper.checkpoint.policies",
     "FsspecStorage": "statekeeper.storage.fsspec",
     "Incremental": "statekeeper.checkpoint.incremental",
+    "Origin": "statekeeper.checkpoint.origin_level",
     "InjectedFailure": "statekeeper.storage.memory",
     "InvalidArgumentError": "statekeeper.errors",
     "KeepBest": "statekeeper.checkpoint.policies",
@@ -249,6 +251,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DiffResult",
     "Incremental",
+    "Origin",
     "InjectedFailure",
     "InvalidArgumentError",
     "KeyMismatchError",

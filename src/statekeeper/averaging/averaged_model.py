@@ -10,7 +10,9 @@ Same constructor, ``forward``, ``update_parameters``, ``.module``, ``.n_averaged
 - tensor lists are built once and updated with fused ``_foreach`` kernels, rebuilt only when
   the source's tensors change; no host synchronisation per update;
 - rules (:class:`EMA` with warmup, :class:`SWA`) and their counters live in buffers, so a
-  resumed average is bitwise identical; ``averaged=`` avoids ``deepcopy``.
+  resumed average is bitwise identical; ``averaged=`` avoids ``deepcopy``;
+- the copy's parameters do not require grad (torch's keep ``requires_grad=True``): an
+  optimizer over a module holding its EMA skips it, and DDP does not wait for its gradients.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class AveragedModel(nn.Module):
         self.module = self._build(model, averaged)
         if device is not None:
             self.module = self.module.to(device)
+        # the copy is written by update_parameters (under no_grad), never by backward: a
+        # requires_grad copy would be handed to optimizers built from .parameters() and make
+        # DDP wait for gradients that never come ("parameters that were not used")
+        self.module.requires_grad_(False)
         self.register_buffer("n_averaged", torch.tensor(0, dtype=torch.long, device=device))
         self.register_buffer("n_calls", torch.tensor(0, dtype=torch.long, device=device))
         self._averaged = 0  # host mirrors of the two counters: no sync per update

@@ -25,6 +25,7 @@ from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, Uploader
 from statekeeper.checkpoint.options import SaveOptions
+from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.resume import newest_intact
 from statekeeper.checkpoint.retention import apply_retention
@@ -74,6 +75,9 @@ class Checkpointer:
     ``incremental`` (single-process saves): with ``Incremental.REUSE``, the default, a tensor
     file identical to one of the previous step is hard-linked (or copied by the object
     store), not written again (see ``docs/incremental.md``).
+
+    ``origin``: how much each manifest records about where it was written (see
+    :func:`statekeeper.save`; ``None``: ``STATEKEEPER_ORIGIN``, else ``Origin.REDACTED``).
     """
 
     PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: a temporary failure, run me again
@@ -91,6 +95,7 @@ class Checkpointer:
         scope: Scope = Scope.AUTO,
         incremental: Incremental = Incremental.REUSE,
         mirror: Mirror | None = None,
+        origin: Origin | None = None,
     ) -> None:
         _require("keep", keep, Retention, "a retention policy such as KeepLatest(3)")
         _require("every", every, SavePolicy, "a save policy such as EverySteps(100)")
@@ -109,7 +114,7 @@ class Checkpointer:
         self.keep = keep
         self.every = every
         self.rng = RNGState(generators)
-        self._options = SaveOptions(shard_bytes=shard_bytes, incremental=incremental)
+        self._options = SaveOptions(shard_bytes=shard_bytes, incremental=incremental, origin=origin)
         self._clock = clock
         self._stack = ExitStack()
         if self._leader:

@@ -11,6 +11,7 @@ from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
 from statekeeper.checkpoint.origin import library_versions, origin
+from statekeeper.checkpoint.origin_level import Origin, origin_level
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -29,10 +30,13 @@ class Provenance:
     origin: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def now(cls) -> Provenance:
-        """This moment (UTC, microseconds), these versions, this host and command."""
+    def now(cls, level: Origin = Origin.REDACTED) -> Provenance:
+        """This moment (UTC, microseconds), these versions, this host and command (as much
+        as ``level`` records)."""
         return cls(
-            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), library_versions(), origin()
+            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            library_versions(),
+            origin(level),
         )
 
 
@@ -52,7 +56,10 @@ class SaveOptions:
     - ``marks``: the frozen parameters' version marks, taken in the caller (an incremental
       save skips checksumming a frozen shard whose tensors did not move);
     - ``steady``: tensor names found unchanged since the previous save, stored in shards of
-      their own after the frozen ones (an incremental save can then reuse them whole).
+      their own after the frozen ones (an incremental save can then reuse them whole);
+    - ``origin``: how much the manifest's ``origin`` records
+      (:class:`~statekeeper.checkpoint.origin_level.Origin`); ``None``: ``STATEKEEPER_ORIGIN``,
+      else ``Origin.REDACTED``, read when the manifest is written.
     """
 
     overwrite: bool = False
@@ -63,8 +70,10 @@ class SaveOptions:
     incremental: Incremental = Incremental.REUSE
     marks: Mapping[str, Mark | None] = field(default_factory=dict)
     steady: frozenset[str] = frozenset()
+    origin: Origin | None = None
 
     def __post_init__(self) -> None:
+        origin_level(self.origin)  # a wrong argument, or a wrong STATEKEEPER_ORIGIN, now
         if not isinstance(self.incremental, Incremental):
             raise InvalidArgumentError(
                 f"incremental must be a statekeeper.Incremental, got {self.incremental!r}"
@@ -86,7 +95,7 @@ class SaveOptions:
 
     def provenance_now(self) -> Provenance:
         """The provenance to record: the pinned one, or this moment's."""
-        return self.provenance or Provenance.now()
+        return self.provenance or Provenance.now(origin_level(self.origin))
 
 
 @dataclass(frozen=True)

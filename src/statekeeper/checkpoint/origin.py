@@ -5,6 +5,10 @@ cuDNN when torch was built with them. ``origin`` (the manifest's optional member
 host, the command line, the world size and device kinds, and the git commit of the
 working tree the script ran from, with a dirty flag. Everything is read cheaply and never
 fails a save: what cannot be read is left out. The git state is read once per process.
+
+How much ``origin`` records is an :class:`Origin` level: the save's ``origin=`` argument,
+else the environment variable ``STATEKEEPER_ORIGIN``, else ``Origin.REDACTED`` (everything,
+with secret-looking command-line values replaced: :mod:`statekeeper.checkpoint.redact`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import numpy as np
 import torch
 
 from statekeeper._version import __version__
+from statekeeper.checkpoint.origin_level import Origin
+from statekeeper.checkpoint.redact import redact_argv
 from statekeeper.errors import StatekeeperWarning, user_stacklevel
 
 __all__ = ["GIT_THREAD", "library_versions", "origin", "warn_if_other_torch"]
@@ -69,12 +75,14 @@ def _text(value: object) -> str:
     return text
 
 
-def _command() -> list[str]:
-    """The command line, each argument cut to what is left of 2000 characters (so the
-    program name always stays), with ``[cut]`` where arguments were left out."""
+def _command(redact: bool) -> list[str]:
+    """The command line (its secrets redacted first when ``redact``), each argument cut to
+    what is left of 2000 characters (so the program name always stays), with ``[cut]``
+    where arguments were left out."""
     kept: list[str] = []
     room = _ARGV_CHARS
-    for arg in (_text(a) for a in sys.argv):
+    args = [_text(a) for a in sys.argv]
+    for arg in redact_argv(args) if redact else args:
         if room <= 0:
             return [*kept, "[cut]"]
         kept.append(arg if len(arg) <= room else arg[:room] + "[cut]")
@@ -198,12 +206,15 @@ def _field(read: Callable[[], Any]) -> Any:
         return None
 
 
-def origin() -> dict[str, Any]:
-    """Where this process is: host, command line, world size, devices, git state; a field
-    that cannot be read is left out."""
+def origin(level: Origin = Origin.REDACTED) -> dict[str, Any]:
+    """Where this process is, as much as ``level`` records: host, command line, world size,
+    devices, git state; a field that cannot be read is left out."""
+    if level is Origin.NONE:
+        return {}
+    personal = level is not Origin.MINIMAL
     found = {
-        "hostname": _field(lambda: _text(socket.gethostname())),
-        "argv": _field(_command),
+        "hostname": _field(lambda: _text(socket.gethostname())) if personal else None,
+        "argv": _field(lambda: _command(level is Origin.REDACTED)) if personal else None,
         "world_size": _field(_world_size),
         "devices": _field(_devices),
         "git": _field(lambda: _git_state(_script_dir()) or None),

@@ -24,6 +24,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
 from statekeeper.checkpoint.marks import frozen_marks, steady_names
 from statekeeper.checkpoint.options import SaveOptions
+from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.writer import Prepared, commit, prepare
 from statekeeper.errors import InvalidArgumentError
@@ -183,6 +184,7 @@ def save(
     scope: Scope = ...,
     progress: Progress | None = ...,
     incremental: Incremental = ...,
+    origin: Origin | None = ...,
 ) -> CheckpointInfo: ...
 
 
@@ -199,6 +201,7 @@ def save(
     scope: Scope = ...,
     progress: None = ...,
     incremental: Incremental = ...,
+    origin: Origin | None = ...,
 ) -> PendingSave: ...
 
 
@@ -214,6 +217,7 @@ def save(
     scope: Scope = Scope.AUTO,
     progress: Progress | None = None,
     incremental: Incremental = Incremental.REUSE,
+    origin: Origin | None = None,
 ) -> CheckpointInfo | PendingSave:
     """Save ``state`` as committed step ``step`` of the run ``directory``.
 
@@ -244,13 +248,21 @@ def save(
     ``incremental=Incremental.REUSE`` (the default, single-process saves): a tensor file
     identical to a file of the previous committed step is hard-linked (or copied by the
     object store) instead of written; ``CheckpointInfo.written`` says what was written.
+
+    ``origin`` (an :class:`Origin`) is how much the manifest records about where the step was
+    written (host, command line, git commit); ``None`` takes the ``STATEKEEPER_ORIGIN``
+    environment variable, else ``Origin.REDACTED`` (secret-looking arguments redacted).
     """
     storage = resolve_storage(directory)
     validate_step(step)
     if progress is not None and not blocking:
         raise InvalidArgumentError("progress= is only for blocking single-process saves")
     options = SaveOptions(
-        overwrite=overwrite, shard_bytes=shard_bytes, progress=progress, incremental=incremental
+        overwrite=overwrite,
+        shard_bytes=shard_bytes,
+        progress=progress,
+        incremental=incremental,
+        origin=origin,
     )
     distributed = is_distributed(scope, state)
     return save_state(

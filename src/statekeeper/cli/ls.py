@@ -14,6 +14,7 @@ from statekeeper.checkpoint.naming import ParsedEntry
 from statekeeper.cli import render, render_interop
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.interop.detect import foreign_format
+from statekeeper.interop.frameworks import framework_folder
 from statekeeper.storage.urls import is_url
 
 __all__ = ["listing_json", "ls"]
@@ -65,12 +66,28 @@ def listing_json(
 def ls(target: str, as_json: bool, mirror: str | None) -> None:
     """List the checkpoints of the run directory DIR (or the files of a foreign checkpoint).
 
-    DIR may be an fsspec URL (s3://bucket/run, memory://run).
+    DIR may be an fsspec URL (s3://bucket/run, memory://run), or a folder of framework
+    checkpoints: a Lightning ModelCheckpoint directory (*.ckpt), a transformers Trainer
+    output directory (checkpoint-N), an Accelerate project directory (checkpoints/).
 
     Shows every committed step (size, what its save wrote, files, metrics; damaged manifests
     flagged) and every partial directory left by an interrupted save, which statekeeper
     never reads. With --mirror, the steps of both tiers and where each one is.
     """
+    with render.reported_errors():
+        folder = framework_folder(target)
+    if folder is not None:  # Lightning, Trainer or Accelerate checkpoints, one per entry
+        from statekeeper.cli.frameworks import list_framework_folder
+
+        if mirror is not None:
+            render.fail(
+                f"{target} is a {folder.framework} folder, not a statekeeper run directory: "
+                "--mirror applies to a run directory (drop --mirror)",
+                2,
+            )
+
+        list_framework_folder(folder, as_json, listing_json)
+        return
     with render.reported_errors():
         foreign = foreign_format(target)
         files = []

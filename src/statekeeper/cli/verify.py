@@ -8,6 +8,7 @@ import click
 from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.verification import VerifyReport, verify_location
 from statekeeper.cli import render
+from statekeeper.interop.frameworks import framework_folder
 from statekeeper.interop.verification import verify_targets
 
 __all__ = ["verify"]
@@ -29,7 +30,18 @@ def verify(path: str, step: int | None, as_json: bool) -> None:
 
     Every file's size and checksum is checked and every shard is decoded and compared with
     the manifest. Exit status: 0 all good, 1 a step failed, 2 nothing to verify.
+
+    A folder of framework checkpoints (Lightning *.ckpt, Trainer checkpoint-N, Accelerate
+    checkpoints/) is verified entry by entry: statekeeper steps byte by byte; entries in
+    the framework's own format, which carry no checksums, are read in full by the safe
+    readers (READ), or REFUSED when only pickle could load them. Exit 1 when one is damaged.
     """
+    with render.reported_errors():
+        folder = framework_folder(path)
+    if folder is not None:  # Lightning, Trainer or Accelerate checkpoints, one per entry
+        from statekeeper.cli.frameworks import verify_framework_folder
+
+        verify_framework_folder(folder, step, as_json)
     with render.reported_errors():
         locations = verify_targets(path, step)
     results = []

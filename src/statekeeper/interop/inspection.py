@@ -9,12 +9,14 @@ is imported only then).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, TypeAlias
 
 from statekeeper.checkpoint.inspection import StepReport, inspect_step
 from statekeeper.checkpoint.location import PathOrStorage
 from statekeeper.errors import InvalidArgumentError
-from statekeeper.interop.detect import foreign_format
+from statekeeper.interop.detect import Format, foreign_format
+from statekeeper.interop.frameworks import framework_entry, framework_folder
 
 if TYPE_CHECKING:
     from statekeeper.interop.describe import Description
@@ -53,6 +55,11 @@ def inspect(target: PathOrStorage, *, step: int | None = None) -> StepReport | D
     (:class:`statekeeper.interop.describe.Description`): its files, tensors and values.
     Pickle-based files are opened with ``weights_only`` only.
 
+    For a folder of framework checkpoints (a Lightning ``ModelCheckpoint`` directory, a
+    Trainer output directory, an Accelerate project directory:
+    :func:`~statekeeper.interop.frameworks.framework_folder`), its newest entry, or the one
+    of ``step``, described as above.
+
     Raises ``StepNotFoundError`` for a path that does not exist or holds no such committed
     step; ``InvalidArgumentError`` for a file of no known format or a ``step`` that does not
     apply (foreign checkpoints have no steps); ``CorruptCheckpointError`` for a damaged
@@ -65,6 +72,12 @@ def inspect(target: PathOrStorage, *, step: int | None = None) -> StepReport | D
     >>> inspect("model.safetensors").tensors[0]  # doctest: +SKIP
     TensorInfo(key='embed.weight', shape=[6, 4], dtype='float32', bytes=96, alias_of=None)
     """
+    folder = framework_folder(target) if isinstance(target, str | os.PathLike) else None
+    if folder is not None:  # a framework's folder: its newest entry (or the one of ``step``)
+        entry, inner = framework_entry(folder, step)
+        if entry.format is Format.STATEKEEPER:
+            return inspect_step(entry.path, inner)
+        target, step = entry.path, None
     foreign = foreign_format(target)
     if foreign is None:
         return inspect_step(target, step)

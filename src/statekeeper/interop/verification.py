@@ -3,19 +3,45 @@ checkpoint is refused by name (it carries no checksums to verify). No torch."""
 
 from __future__ import annotations
 
+import os
+
 from statekeeper.checkpoint.location import Location, PathOrStorage
 from statekeeper.checkpoint.verification import VerifyReport, step_locations, verify_locations
-from statekeeper.errors import InvalidArgumentError
-from statekeeper.interop.detect import foreign_format
+from statekeeper.errors import InvalidArgumentError, StepNotFoundError
+from statekeeper.interop.detect import Format, foreign_format
+from statekeeper.interop.frameworks import FrameworkFolder, framework_folder
 from statekeeper.progress import Progress
 
 __all__ = ["verify", "verify_targets"]
+
+
+def _framework_steps(folder: FrameworkFolder, step: int | None) -> list[Location]:
+    """The statekeeper steps of a framework folder's entries; its entries in the framework's
+    own format have no checksums (``statekeeper verify`` reads those in full)."""
+    found = [
+        location
+        for entry in folder.entries
+        if entry.format is Format.STATEKEEPER
+        for location in step_locations(entry.path)
+        if step is None or location.step == step
+    ]
+    if not found:
+        raise StepNotFoundError(
+            f"{folder.path} is a {folder.framework} folder without statekeeper steps"
+            f"{'' if step is None else f' of step {step}'}: its entries carry no checksums. "
+            "Run `statekeeper verify` on it to read them in full, or save with statekeeper's "
+            f"{folder.framework} integration"
+        )
+    return found
 
 
 def verify_targets(target: PathOrStorage, step: int | None = None) -> list[Location]:
     """The committed steps :func:`verify` checks
     (:func:`~statekeeper.checkpoint.verification.step_locations`), after refusing a foreign
     checkpoint with ``InvalidArgumentError``."""
+    folder = framework_folder(target) if isinstance(target, str | os.PathLike) else None
+    if folder is not None:
+        return _framework_steps(folder, step)
     foreign = foreign_format(target)
     if foreign is not None:
         raise InvalidArgumentError(
@@ -32,7 +58,9 @@ def verify(
     """Verify every byte of a statekeeper step, or of every committed step of a run.
 
     ``target`` is a step or run directory, a URL (``s3://bucket/run``) or a ``Storage``;
-    ``step`` picks one step of a run. For each step, the manifest's self-checksum, every
+    ``step`` picks one step of a run. A folder of framework checkpoints (Lightning
+    ``*.ckpt`` steps, Trainer ``checkpoint-N``, Accelerate ``checkpoints/``) has the
+    statekeeper steps of its entries verified. For each step, the manifest's self-checksum, every
     file's size and checksum, every safetensors header and every tensor record are checked,
     without building a tensor (no torch). A damaged step does not raise: its entry in
     :attr:`VerifyReport.steps <statekeeper.checkpoint.verification.VerifyReport.steps>` has

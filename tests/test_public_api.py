@@ -26,7 +26,7 @@ EXPECTED = {
     "CheckpointUnreadableError", "LocationError", "StateMismatchError", "Progress",
     "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
-    "Mirror", "MirrorError", "MirrorStatus",
+    "Mirror", "MirrorError", "MirrorStatus", "PendingRemoval", "RetentionStatus",
     "OnSignal", "inspect", "verify", "ForeignReport", "StepReport", "StepVerification",
     "VerifyReport", "ClearAction", "ClearInclude", "ClearMode", "ClearReport", "Cleared",
     "clear_state", "register_clear_rule",

@@ -44,6 +44,7 @@ if _typing.TYPE_CHECKING:
         Retention,
         SavePolicy,
     )
+    from statekeeper.checkpoint.retention import PendingRemoval, RetentionStatus
     from statekeeper.checkpoint.save import save
     from statekeeper.checkpoint.scope import Scope
     from statekeeper.checkpoint.verification import StepVerification, VerifyReport
@@ -126,6 +127,8 @@ _EXPORTS = {
     "Mirror": "statekeeper.checkpoint.mirror",
     "MirrorError": "statekeeper.errors",
     "MirrorStatus": "statekeeper.checkpoint.mirror",
+    "PendingRemoval": "statekeeper.checkpoint.retention",
+    "RetentionStatus": "statekeeper.checkpoint.retention",
     "Mode": "statekeeper.checkpoint.policies",
     "OnSignal": "statekeeper.checkpoint.policies",
     "OptimizerChange": "statekeeper.state.optimizer",
@@ -266,6 +269,8 @@ __all__ = [
     "Mirror",
     "MirrorError",
     "MirrorStatus",
+    "PendingRemoval",
+    "RetentionStatus",
     "RestoreInfo",
     "StatekeeperError",
     "StatekeeperWarning",

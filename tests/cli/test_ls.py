@@ -58,15 +58,34 @@ def test_ls_flags_a_damaged_manifest(
     assert "manifest" in errors[2]
 
 
-def test_ls_shows_a_replaced_directory_as_partial(invoke: Invoke, tmp_path: Path) -> None:
-    (tmp_path / "step_000000004.replaced-00ff").mkdir()
-    data = json.loads(invoke("ls", tmp_path, "--json").stdout)
-    assert data == {
-        "directory": str(tmp_path),
-        "checkpoints": [],
-        "partial": [{"name": "step_000000004.replaced-00ff", "step": 4, "kind": "replaced"}],
-    }
-    assert "partial (interrupted save, never read)" in invoke("ls", tmp_path).stdout
+def test_ls_names_set_aside_and_superseded_copies_for_what_they_are(
+    invoke: Invoke, run_dir: Path
+) -> None:
+    """Step 2 exists only as the copy an interrupted overwrite set aside (it is the committed
+    step, never "partial"); step 1 has a superseded copy beside it, and a damaged step 3
+    was set aside by a restarted run (evidence, apart from the leftovers)."""
+    (run_dir / "step_000000002").rename(run_dir / "step_000000002.replaced-00ff")
+    (run_dir / "step_000000001.replaced-11aa").mkdir()
+    (run_dir / "step_000000003.damaged-22bb").mkdir()
+    data = json.loads(invoke("ls", run_dir, "--json").stdout)
+    assert [(c["step"], Path(c["path"]).name, c["error"]) for c in data["checkpoints"]] == [
+        (1, "step_000000001", None),
+        (2, "step_000000002.replaced-00ff", None),
+    ]
+    assert data["partial"] == [
+        {"name": "step_000000001.replaced-11aa", "step": 1, "kind": "replaced"},
+        {"name": PARTIAL, "step": 9, "kind": "partial"},
+    ]
+    assert data["set_aside"] == [
+        {"name": "step_000000003.damaged-22bb", "step": 3, "kind": "damaged"}
+    ]
+    table = invoke("ls", run_dir).stdout
+    assert "ok: the copy an interrupted overwrite set aside" in table
+    assert (
+        "superseded copy (an overwrite replaced it, never read): step_000000001.replaced" in table
+    )
+    assert "damaged, set aside by a restarted run" in table
+    assert "2 committed step(s), 2 partial" in table and "1 damaged set aside" in table
 
 
 def test_ls_empty_directory(invoke: Invoke, tmp_path: Path) -> None:

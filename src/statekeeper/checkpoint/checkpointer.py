@@ -18,9 +18,10 @@ from typing import Any
 
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
+from statekeeper.checkpoint.damage import damaged_since, set_aside
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.listing import list_partial, warn_if_foreign
+from statekeeper.checkpoint.listing import clean_up, warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, Uploader
@@ -28,7 +29,7 @@ from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.resume import newest_intact
-from statekeeper.checkpoint.retention import apply_retention
+from statekeeper.checkpoint.retention import Retainer, RetentionStatus
 from statekeeper.checkpoint.save import save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import SignalWatch
@@ -112,6 +113,8 @@ class Checkpointer:
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
         self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
+        self._retainer = Retainer(self.storage, keep) if keep is not None else None
+        self._damaged: set[int] = set()  # skipped by restore_latest: saved again, set aside
         self.every = every
         self.rng = RNGState(generators)
         self._options = SaveOptions(shard_bytes=shard_bytes, incremental=incremental, origin=origin)
@@ -163,14 +166,15 @@ class Checkpointer:
         self._check_open()
         check_assignable(state)
         self._wait_writer()
-        if self._leader:
-            for partial in list_partial(self.storage):
-                self.storage.remove(partial.name)
+        if self._leader:  # interrupted saves go; a set-aside committed copy comes back
+            clean_up(self.storage)
         full = self._with_rng(state)
         tiers = [self.storage, *([] if self._uploader is None else [self._uploader.remote])]
         info = newest_intact(
             tiers, full, strict=strict, scope=self._scope, change=on_optimizer_change
         )
+        if self._leader:
+            self._damaged = damaged_since(self.storage, None if info is None else info.step)
         if info is not None:
             if isinstance(state, MutableMapping):  # plain values, as load assigns them
                 state.update(info.values)
@@ -197,7 +201,7 @@ class Checkpointer:
                 stacklevel=user_stacklevel(),
             )
         signalled = watch is not None and watch.fired
-        saved = any(p.step == step for p in committed(self.storage))
+        saved = step not in self._damaged and any(p.step == step for p in committed(self.storage))
         due = self.every.should_save(step, self._clock() - self._last_save) and not saved
         if self._distributed:  # one collective: rank 0's clock and listing, any rank's signal
             due, signalled, saved = collective().decide(step, due, signalled, saved)
@@ -253,6 +257,10 @@ class Checkpointer:
         full = self._with_rng(state)
         if is_distributed(self._scope, full) and not self._distributed:
             writer = None  # made before the process group: its writer is a local one
+        if self._leader and step in self._damaged:  # a restart over damage: kept aside
+            self._wait_writer()
+            overwrite = set_aside(self.storage, step) or overwrite
+            self._damaged.discard(step)
         result = save_state(
             self.storage,
             full,
@@ -301,12 +309,17 @@ class Checkpointer:
             self._writer.wait()
 
     def _retain(self, newest: int) -> None:
-        if self.keep is None:
+        if self._retainer is None:
             return
         protect = {newest, *([] if self._resumed_from is None else [self._resumed_from])}
         if self._uploader is not None:
             protect |= self._uploader.pending()
-        apply_retention(self.storage, self.keep, protect)
+        self._retainer.apply(newest, protect)  # never fails the committed save: it warns
+
+    def retention_status(self) -> RetentionStatus:
+        """The steps retention could not remove yet, with why (tried again at every save);
+        empty without ``keep=`` or when every removal succeeded."""
+        return RetentionStatus() if self._retainer is None else self._retainer.status()
 
     def _check_open(self) -> None:
         if self._closed:

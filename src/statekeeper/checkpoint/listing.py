@@ -5,15 +5,29 @@ from __future__ import annotations
 import warnings
 
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import Location, PathOrStorage, committed, resolve_storage
+from statekeeper.checkpoint.location import (
+    Location,
+    PathOrStorage,
+    classify,
+    committed,
+    resolve_storage,
+    set_aside_entries,
+)
 from statekeeper.checkpoint.manifests import read_manifest
-from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry
+from statekeeper.checkpoint.naming import ParsedEntry, parse_entry
 from statekeeper.errors import StatekeeperError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.base import Storage
 from statekeeper.storage.lock import LOCK_FILE
 
-__all__ = ["list_checkpoints", "list_partial", "remove_partial", "warn_if_foreign"]
+__all__ = [
+    "clean_up",
+    "list_checkpoints",
+    "list_partial",
+    "list_set_aside",
+    "remove_partial",
+    "warn_if_foreign",
+]
 
 
 def list_checkpoints(directory: PathOrStorage) -> list[CheckpointInfo]:
@@ -35,10 +49,29 @@ def list_checkpoints(directory: PathOrStorage) -> list[CheckpointInfo]:
 
 
 def list_partial(directory: PathOrStorage) -> list[ParsedEntry]:
-    """In-progress or abandoned saves (never read by load)."""
-    storage = resolve_storage(directory)
-    parsed = (parse_entry(e) for e in storage.entries())
-    return [p for p in parsed if p is not None and p.kind is not EntryKind.COMMITTED]
+    """In-progress or abandoned saves, and copies an overwrite superseded (never read by
+    load). A copy an interrupted overwrite set aside while its step has no other copy is
+    that step's committed copy, listed by :func:`list_checkpoints`, not here."""
+    return classify(resolve_storage(directory).entries())[1]
+
+
+def list_set_aside(directory: PathOrStorage) -> list[ParsedEntry]:
+    """Damaged steps a restarted run set aside to save those steps again (``.damaged-``):
+    never read, never deleted by statekeeper (evidence: inspect, then delete by hand)."""
+    return set_aside_entries(resolve_storage(directory).entries())
+
+
+def clean_up(storage: Storage) -> list[str]:
+    """Under the writer lock: put back each committed step an interrupted overwrite set
+    aside (where the storage can), then delete the leftovers :func:`list_partial` lists;
+    their names. Never deletes the only copy of a committed step."""
+    recover = getattr(storage, "recover", None)
+    if callable(recover):
+        recover()
+    stale = [p.name for p in list_partial(storage)]
+    for name in stale:
+        storage.remove(name)
+    return stale
 
 
 def remove_partial(directory: PathOrStorage) -> list[str]:
@@ -46,13 +79,12 @@ def remove_partial(directory: PathOrStorage) -> list[str]:
 
     Takes the run directory's writer lock first, so a partial directory that a live writer
     is filling is never touched: with another writer alive this raises WriterConflictError.
+    A step an interrupted overwrite set aside is put back under its own name first; damaged
+    steps a restarted run set aside (``.damaged-``) are kept.
     """
     storage = resolve_storage(directory)
     with storage.writer_lock():
-        stale = [p.name for p in list_partial(storage)]
-        for name in stale:
-            storage.remove(name)
-    return stale
+        return clean_up(storage)
 
 
 def warn_if_foreign(storage: Storage) -> None:

@@ -15,10 +15,12 @@ from statekeeper.storage.urls import is_url, storage_for_url
 
 __all__ = [
     "Location",
+    "classify",
     "committed",
     "is_step_dir",
     "locate",
     "resolve_storage",
+    "set_aside_entries",
     "validate_step",
 ]
 
@@ -52,11 +54,31 @@ def validate_step(step: object) -> int:
 
 
 def committed(storage: Storage) -> list[ParsedEntry]:
-    """Committed steps in ascending order."""
-    parsed = (parse_entry(e) for e in storage.entries())
-    return sorted(
-        (p for p in parsed if p is not None and p.kind is EntryKind.COMMITTED), key=lambda p: p.step
-    )
+    """Committed steps in ascending order: ``step_N``, or, where an overwrite was interrupted
+    between its renames (no ``step_N``), the copy it set aside (``step_N.replaced-<id>``),
+    which is then the committed copy (see ``storage/commit.py``)."""
+    return classify(storage.entries())[0]
+
+
+def classify(entries: list[str]) -> tuple[list[ParsedEntry], list[ParsedEntry]]:
+    """``entries`` as (committed steps ascending, leftovers): leftovers are the entries that
+    clean-up removes (partial, removing, superseded replaced); ``.damaged-`` entries are
+    neither (evidence, see :func:`set_aside_entries`)."""
+    parsed = [p for p in map(parse_entry, entries) if p is not None]
+    steps = {p.step: p for p in parsed if p.kind is EntryKind.COMMITTED}
+    leftovers = []
+    for p in sorted(parsed, key=lambda p: p.name):
+        if p.kind is EntryKind.REPLACED and p.step not in steps:
+            steps[p.step] = p  # the committed copy, set aside by an interrupted overwrite
+        elif p.kind not in (EntryKind.COMMITTED, EntryKind.DAMAGED):
+            leftovers.append(p)
+    return [steps[s] for s in sorted(steps)], leftovers
+
+
+def set_aside_entries(entries: list[str]) -> list[ParsedEntry]:
+    """The damaged steps a restarted run set aside (kept as evidence, never read)."""
+    parsed = (parse_entry(e) for e in entries)
+    return [p for p in parsed if p is not None and p.kind is EntryKind.DAMAGED]
 
 
 class Location:
@@ -100,6 +122,23 @@ def is_step_dir(path: Path) -> bool:
     return any(_SHARD_FILE.fullmatch(child.name) for child in path.iterdir())
 
 
+def _set_aside_copy(path: Path, step: int | None) -> Location | None:
+    """The committed copy of the step directory ``path`` where an interrupted overwrite left
+    it set aside (``path`` itself gone, ``path.replaced-<id>`` beside it), else None."""
+    parsed = parse_entry(path.name)
+    if parsed is None or parsed.kind is not EntryKind.COMMITTED or os.path.lexists(path):
+        return None
+    if not path.parent.is_dir():
+        return None
+    storage = LocalStorage(path.parent)
+    for p in committed(storage):
+        if p.step == parsed.step and p.name != path.name:
+            if step is not None and step != parsed.step:
+                raise InvalidArgumentError(f"{path} is a single step; do not pass step={step}")
+            return Location(storage, p.name, p.step)
+    return None
+
+
 def locate(directory: PathOrStorage, step: int | None) -> Location:
     """The committed step ``step`` (newest when None) of a run directory.
 
@@ -122,6 +161,10 @@ def locate(directory: PathOrStorage, step: int | None) -> Location:
         if step is not None and (parsed is None or parsed.step != step):
             raise InvalidArgumentError(f"{path} is a single step; do not pass step={step}")
         return Location(LocalStorage(path.parent), path.name, parsed.step if parsed else -1)
+    if isinstance(directory, str | os.PathLike):
+        aside = _set_aside_copy(Path(directory), step)
+        if aside is not None:
+            return aside
     storage = resolve_storage(directory)
     if capabilities_of(storage).directories and not storage.exists():  # type: ignore[attr-defined]
         raise StepNotFoundError(

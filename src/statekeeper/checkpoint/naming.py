@@ -1,5 +1,8 @@
-"""Entry names in a run directory: ``step_000001200`` (committed); ``.partial-<id>``,
-``.replaced-<id>`` and ``.removing-<id>`` (not committed: never read, cleaned up)."""
+"""Entry names in a run directory: ``step_000001200`` (committed); ``.partial-<id>`` and
+``.removing-<id>`` (not committed: never read, cleaned up); ``.replaced-<id>`` (a copy an
+overwrite set aside: the committed copy while ``step_N`` does not exist, else superseded and
+cleaned up); ``.damaged-<id>`` (a damaged step a restarted run saved again: never read,
+kept as evidence)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from enum import StrEnum
 
 __all__ = ["EntryKind", "ParsedEntry", "parse_entry", "step_entry"]
 
-_PATTERN = re.compile(r"step_(\d+)(?:\.(partial|replaced|removing)-([0-9a-f]+))?")
+_PATTERN = re.compile(r"step_(\d+)(?:\.(partial|replaced|removing|damaged)-([0-9a-f]+))?")
 
 
 class EntryKind(StrEnum):
@@ -17,6 +20,7 @@ class EntryKind(StrEnum):
     PARTIAL = "partial"
     REPLACED = "replaced"
     REMOVING = "removing"  # being deleted (retention): never read, cleaned up like a partial
+    DAMAGED = "damaged"  # set aside by a restarted run that saved the step again: evidence
 
 
 @dataclass(frozen=True)

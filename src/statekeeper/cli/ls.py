@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.listing import list_checkpoints, list_partial
-from statekeeper.checkpoint.naming import ParsedEntry
+from statekeeper.checkpoint.listing import list_checkpoints, list_partial, list_set_aside
+from statekeeper.checkpoint.naming import EntryKind, ParsedEntry
 from statekeeper.cli import render, render_interop
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.interop.detect import foreign_format
@@ -48,10 +48,14 @@ def listing_json(
             out["tiers"] = tiers.get(info.step, [])
         return out
 
+    def entry(p: ParsedEntry) -> dict[str, Any]:
+        return {"name": p.name, "step": p.step, "kind": str(p.kind)}
+
     return {
         "directory": directory,
         "checkpoints": [row(info) for info in infos],
-        "partial": [{"name": p.name, "step": p.step, "kind": str(p.kind)} for p in partial],
+        "partial": [entry(p) for p in partial if p.kind is not EntryKind.DAMAGED],
+        "set_aside": [entry(p) for p in partial if p.kind is EntryKind.DAMAGED],
     }
 
 
@@ -71,8 +75,10 @@ def ls(target: str, as_json: bool, mirror: str | None) -> None:
     output directory (checkpoint-N), an Accelerate project directory (checkpoints/).
 
     Shows every committed step (size, what its save wrote, files, metrics; damaged manifests
-    flagged) and every partial directory left by an interrupted save, which statekeeper
-    never reads. With --mirror, the steps of both tiers and where each one is.
+    flagged; a step whose committed copy an interrupted overwrite set aside, under that
+    name), every entry left by an interrupted save, overwrite or removal, which statekeeper
+    never reads, and the damaged steps a restarted run set aside (kept as evidence). With
+    --mirror, the steps of both tiers and where each one is.
     """
     with render.reported_errors():
         folder = framework_folder(target)
@@ -104,7 +110,8 @@ def ls(target: str, as_json: bool, mirror: str | None) -> None:
         return
     if is_url(target):
         with render.reported_errors():
-            infos, partial = list_checkpoints(target), list_partial(target)
+            infos = list_checkpoints(target)
+            partial = list_partial(target) + list_set_aside(target)
         _show(target, *_tiers(infos, mirror), partial, as_json)
         return
     directory = Path(target)
@@ -120,7 +127,7 @@ def ls(target: str, as_json: bool, mirror: str | None) -> None:
                 2,
             )
         infos = list_checkpoints(directory)
-        partial = list_partial(directory)
+        partial = list_partial(directory) + list_set_aside(directory)
     _show(str(directory), *_tiers(infos, mirror), partial, as_json)
 
 

@@ -52,6 +52,13 @@ __all__ = [
 ]
 
 PARTIAL_NOTE = "partial (interrupted save, never read)"
+_NOTES = {
+    "partial": PARTIAL_NOTE,
+    "removing": "being deleted (an interrupted removal, never read)",
+    "replaced": "superseded copy (an overwrite replaced it, never read)",
+    "damaged": "damaged, set aside by a restarted run (evidence: never read, delete by hand)",
+}
+SET_ASIDE_NOTE = "the copy an interrupted overwrite set aside (restored on resume)"
 
 
 _UNWRAPPED = 1 << 20
@@ -149,6 +156,7 @@ def listing(
             status = Text(f"damaged: {info.error}", style="red")
             table.add_row(str(info.step), "-", "-", "-", "-", "", *where(info.step), status)
             continue
+        aside = ".replaced-" in info.path.rstrip("/").rpartition("/")[2]
         table.add_row(
             str(info.step),
             _created(info.created),
@@ -157,18 +165,21 @@ def listing(
             str(info.files),
             metrics_text(info.metrics),
             *where(info.step),
-            Text("ok", style="green"),
+            Text(f"ok: {SET_ASIDE_NOTE}" if aside else "ok", style="green"),
         )
     for entry in partial:
-        note = Text(f"{PARTIAL_NOTE}: {entry.name}", style="yellow")
+        note = Text(f"{_NOTES.get(str(entry.kind), PARTIAL_NOTE)}: {entry.name}", style="yellow")
         table.add_row(str(entry.step), "-", "-", "-", "-", "", *where(-1), note)
     console.print(table)
     damaged = sum(1 for i in infos if i.error is not None)
     summary = f"{len(infos)} committed step(s)"
     if damaged:
         summary += f", {damaged} damaged"
-    if partial:
-        summary += f", {len(partial)} partial (remove with statekeeper.remove_partial)"
+    kept = sum(1 for p in partial if str(p.kind) == "damaged")
+    if len(partial) > kept:
+        summary += f", {len(partial) - kept} partial (remove with statekeeper.remove_partial)"
+    if kept:
+        summary += f", {kept} damaged set aside (kept as evidence)"
     console.print(Text(summary), soft_wrap=True)
 
 

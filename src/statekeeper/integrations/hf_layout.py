@@ -28,6 +28,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.checksum import Hasher
+from statekeeper.storage.commit import exchange
 from statekeeper.storage.files import fsync_dir
 
 __all__ = [
@@ -66,6 +67,11 @@ def commit(built: Path, step: int) -> Path:
     """Rename the folder ``built`` to ``checkpoint-<step>`` beside it (replacing one that
     exists) and make the rename durable. Returns the committed folder."""
     final = built.parent / f"{PREFIX}-{step}"
+    if final.exists() and exchange(built, final):  # atomic: checkpoint-<step> always whole
+        fsync_dir(final.parent)
+        old = built.rename(final.with_name(f"{final.name}.removing-{uuid.uuid4().hex[:12]}"))
+        shutil.rmtree(old, ignore_errors=True)  # the old copy, now under the built name
+        return final
     replaced = _aside(final, "replaced") if final.exists() else None
     built.rename(final)
     fsync_dir(final.parent)

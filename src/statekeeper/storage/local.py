@@ -20,6 +20,15 @@ from pathlib import Path
 
 from statekeeper.errors import CorruptCheckpointError, StorageError
 from statekeeper.storage.base import Capabilities, EntryWriter
+from statekeeper.storage.commit import (
+    DAMAGED,
+    PARTIAL,
+    REMOVING,
+    REPLACED,
+    commit_entry,
+    recover,
+    set_aside,
+)
 from statekeeper.storage.files import (
     check_name,
     fsync_dir,
@@ -31,6 +40,7 @@ from statekeeper.storage.files import (
 from statekeeper.storage.lock import LOCK_FILE, RunLock
 
 __all__ = [
+    "DAMAGED",
     "LOCK_FILE",
     "PARTIAL",
     "REMOVING",
@@ -40,12 +50,6 @@ __all__ = [
     "write_file",
 ]
 
-PARTIAL = ".partial-"
-"""Infix of an entry being written: ``<entry>.partial-<id>``."""
-REMOVING = ".removing-"
-"""Infix of an entry being deleted: ``<entry>.removing-<id>``."""
-REPLACED = ".replaced-"
-"""Infix of a committed entry that a ``replace`` commit swapped out."""
 _MAP_FROM = 1 << 20
 
 
@@ -183,25 +187,14 @@ class _LocalTransaction(_LocalFiles):
             raise write_failure(exc, f"creating {self._path}") from exc
 
     def commit(self) -> None:
+        """The commit point is one rename (or, replacing a step, one atomic exchange where
+        the file system has one); see :func:`commit_entry`."""
         try:
             fsync_dir(self._path)
         except OSError as exc:
             raise write_failure(exc, f"making {self._path} durable") from exc
-        final = self._root / self._final
-        old: Path | None = None
-        if self._replace and final.exists():
-            old = self._root / f"{self._final}{REPLACED}{uuid.uuid4().hex[:12]}"
-            os.rename(final, old)
-        try:
-            os.rename(self._path, final)
-        except OSError as exc:
-            if old is not None:
-                os.rename(old, final)
-            raise StorageError(exc.errno, f"could not commit {final}: {exc.strerror}") from exc
-        fsync_dir(self._root)
+        commit_entry(self._root, self._path.name, self._final, replace=self._replace)
         self._done = True
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
     def abort(self) -> None:
         if not self._done:
@@ -300,15 +293,19 @@ class LocalStorage:
     def remove(self, entry: str) -> None:
         """Atomic for readers: the entry is first renamed to ``<entry>.removing-<id>`` (a name
         no listing reads; cleaned up as an interrupted save would be) and the rename made
-        durable, then its files go. A kill at any point leaves the entry whole or unlisted."""
+        durable, then its files go. A kill at any point leaves the entry whole or unlisted.
+        An entry no listing takes as committed (``.partial-``, ``.removing-``) is deleted
+        in place; a set-aside copy (``.replaced-``, which may be the committed copy) is
+        renamed first like a committed one."""
         path = self.root / entry
-        if any(infix in entry for infix in (PARTIAL, REMOVING, REPLACED)):
+        if any(infix in entry for infix in (PARTIAL, REMOVING)):
             if path.is_symlink():
                 path.unlink()
             else:  # never listed as committed: no rename
                 shutil.rmtree(path, ignore_errors=True)
             return
-        doomed = self.root / f"{entry}{REMOVING}{uuid.uuid4().hex[:12]}"
+        base = entry.partition(REPLACED)[0] if REPLACED in entry else entry
+        doomed = self.root / f"{base}{REMOVING}{uuid.uuid4().hex[:12]}"
         try:
             os.rename(path, doomed)
             fsync_dir(self.root)
@@ -320,6 +317,22 @@ class LocalStorage:
             doomed.unlink()
         else:
             shutil.rmtree(doomed, ignore_errors=True)
+
+    def recover(self) -> list[str]:
+        """Put back under its own name each committed entry an interrupted overwrite set
+        aside (``<entry>.replaced-<id>`` where no ``<entry>`` exists); the names put back.
+        The caller holds the writer lock (see :mod:`statekeeper.storage.commit`)."""
+        try:
+            return recover(self.root)
+        except OSError as exc:
+            raise StorageError(
+                exc.errno, f"could not restore a set-aside step in {self.root}: {exc.strerror}"
+            ) from exc
+
+    def set_aside(self, entry: str, label: str) -> str:
+        """Rename the committed ``entry`` to ``<entry>.<label>-<id>`` (kept, no longer
+        committed); the new name. The caller holds the writer lock."""
+        return set_aside(self.root, entry, label)
 
     def writer_lock(self) -> AbstractContextManager[None]:
         """Reentrant for this object; exclusive against every other process and object."""

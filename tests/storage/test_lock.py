@@ -1,0 +1,149 @@
+"""The writer lock belongs to a process: forked children hold nothing, exec'd ones never
+see its descriptor, it stays exclusive across processes, objects and threads, and it goes
+with its holder. Real forks (``os.fork``, a torch DataLoader's workers), real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import launcher
+
+import statekeeper as sk
+
+ROOT = Path(__file__).resolve().parents[2]
+TAKE_LOCK = "import sys, statekeeper as sk; print(sk.remove_partial(sys.argv[1]))"
+
+
+def _other_process_takes_the_lock(run: Path) -> subprocess.CompletedProcess[str]:
+    return launcher.run(
+        [sys.executable, "-c", TAKE_LOCK, str(run)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@contextmanager
+def _forked_child() -> Iterator[int]:
+    """A child forked now that lives (blocked on a pipe) until the block ends."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only waits, then leaves without running any cleanup
+        os.close(write_end)
+        os.read(read_end, 1)
+        os._exit(0)
+    os.close(read_end)
+    try:
+        yield pid
+    finally:
+        os.write(write_end, b"x")
+        os.close(write_end)
+        os.waitpid(pid, 0)
+
+
+def test_a_child_forked_while_the_lock_is_held_does_not_pin_it(tmp_path: Path) -> None:
+    ckpt = sk.Checkpointer(tmp_path)
+    ckpt.save(1, {"x": 1})
+    with _forked_child():
+        ckpt.close()  # the child lives on, with a copy of every descriptor
+        done = _other_process_takes_the_lock(tmp_path)
+        assert done.returncode == 0, done.stderr  # not refused in the name of anyone
+        with sk.Checkpointer(tmp_path) as again:  # and this process writes again
+            again.save(2, {"x": 2})
+    assert [i.step for i in sk.list_checkpoints(tmp_path)] == [1, 2]
+
+
+def test_dataloader_workers_forked_during_a_background_save_hold_nothing(tmp_path: Path) -> None:
+    """Persistent workers forked while a Checkpointer's background save holds the lock; the
+    Checkpointer is closed and a new one saves while the workers live."""
+    data = torch.utils.data.TensorDataset(torch.arange(64, dtype=torch.float32))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
+    state = {"w": torch.randn(512, 512)}
+    ckpt = sk.Checkpointer(tmp_path, async_save=True)
+    pending = ckpt.save(1, state)
+    batches = iter(loader)  # the workers fork now, while the save holds the lock
+    next(batches)
+    pending.wait()
+    ckpt.close()
+    try:
+        assert all(w.is_alive() for w in batches._workers)  # type: ignore[attr-defined]
+        done = _other_process_takes_the_lock(tmp_path)
+        assert done.returncode == 0, done.stderr
+        with sk.Checkpointer(tmp_path, async_save=True) as again:
+            again.save(2, state).wait()
+        sk.save(tmp_path, state, step=3, blocking=False).wait()
+        assert sum(1 for _ in batches) == 15  # the workers still serve the epoch
+    finally:
+        del batches
+    assert [i.step for i in sk.list_checkpoints(tmp_path)] == [1, 2, 3]
+
+
+def test_the_lock_stays_exclusive_across_processes_objects_and_threads(tmp_path: Path) -> None:
+    ckpt = sk.Checkpointer(tmp_path)
+    try:
+        refused = _other_process_takes_the_lock(tmp_path)
+        assert refused.returncode != 0
+        assert "WriterConflictError" in refused.stderr
+        assert f"pid {os.getpid()} on" in refused.stderr  # names the real holder
+        with pytest.raises(sk.WriterConflictError, match="another writer of this process"):
+            sk.save(tmp_path, {"x": 1}, step=1)
+        errors: list[BaseException] = []
+
+        def second() -> None:
+            try:
+                sk.Checkpointer(tmp_path)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join()
+        assert len(errors) == 1 and isinstance(errors[0], sk.WriterConflictError)
+        ckpt.save(1, {"x": 1})  # the holder itself is not refused
+    finally:
+        ckpt.close()
+    assert _other_process_takes_the_lock(tmp_path).returncode == 0
+
+
+def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
+    code = (
+        "import sys, statekeeper as sk; c = sk.Checkpointer(sys.argv[1]); "
+        "print('held', flush=True); sys.stdin.read()"
+    )
+    child = launcher.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "held"
+    with pytest.raises(sk.WriterConflictError, match=f"pid {child.pid} on"):
+        sk.Checkpointer(tmp_path)
+    child.kill()
+    child.wait()
+    with sk.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, {"x": 1})
+
+
+def test_a_program_the_holder_executes_never_inherits_the_lock(tmp_path: Path) -> None:
+    """Even with ``close_fds=False``: the descriptor is close-on-exec."""
+    with sk.Checkpointer(tmp_path):
+        listing = subprocess.run(
+            ["ls", "-l", "/proc/self/fd/"],
+            close_fds=False,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    assert ".statekeeper.lock" not in listing.stdout

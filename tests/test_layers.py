@@ -1,7 +1,7 @@
 """The layer contract: every import inside the package points down the layer map (never up,
 never sideways, not even inside a function), and no two modules import each other.
 
-    errors, progress, extensions  <  storage  <  format  <  state  <  checkpoint  <
+    errors, progress, extensions  <  {storage, arguments}  <  format  <  state  <  checkpoint  <
     distributed  <  {averaging, interop, data}  <  {doctor, integrations}  <  testing  <  cli
 
 The package root (``statekeeper/__init__.py``) is the one exception: it is the public facade
@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "progress": 0,
     "extensions": 0,
     "storage": 1,
+    "arguments": 1,
     "format": 2,
     "state": 3,
     "stateful": 3,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from statekeeper.arguments import require_bool, require_callable
 from statekeeper.averaging.shards import Shards, file_of
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import Location, locate, validate_step
@@ -202,6 +203,8 @@ def average_checkpoints(
         raise InvalidArgumentError(f"key must be a non-empty str naming a state entry, got {key!r}")
     if not paths:
         raise InvalidArgumentError("average at least one checkpoint; no paths were given")
+    require_bool("overwrite", overwrite)
+    require_callable("progress", progress, "progress(done, total)")
     raw = [1.0] * len(paths) if weights is None else _raw_weights(weights, len(paths))
     if step is not None:
         validate_step(step)

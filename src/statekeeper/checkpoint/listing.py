@@ -8,6 +8,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import Location, PathOrStorage, committed, resolve_storage
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry
+from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.errors import StatekeeperError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.base import Storage
@@ -48,7 +49,7 @@ def remove_partial(directory: PathOrStorage) -> list[str]:
     is filling is never touched: with another writer alive this raises WriterConflictError.
     """
     storage = resolve_storage(directory)
-    with storage.writer_lock():
+    with writer_lock(storage):
         stale = [p.name for p in list_partial(storage)]
         for name in stale:
             storage.remove(name)

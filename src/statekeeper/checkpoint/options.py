@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from statekeeper.arguments import require_bool, require_callable
 from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
@@ -69,8 +70,7 @@ class SaveOptions:
             raise InvalidArgumentError(
                 f"incremental must be a statekeeper.Incremental, got {self.incremental!r}"
             )
-        if not isinstance(self.overwrite, bool):
-            raise InvalidArgumentError(f"overwrite must be True or False, got {self.overwrite!r}")
+        require_bool("overwrite", self.overwrite)
         if (
             not isinstance(self.shard_bytes, int)
             or isinstance(self.shard_bytes, bool)
@@ -79,10 +79,7 @@ class SaveOptions:
             raise InvalidArgumentError(
                 f"shard_bytes must be a positive number of bytes, got {self.shard_bytes!r}"
             )
-        if self.progress is not None and not callable(self.progress):
-            raise InvalidArgumentError(
-                f"progress must be a callable progress(done, total), got {self.progress!r}"
-            )
+        require_callable("progress", self.progress, "progress(done, total)")
 
     def provenance_now(self) -> Provenance:
         """The provenance to record: the pinned one, or this moment's."""
@@ -106,7 +103,4 @@ class RestoreOptions:
             raise InvalidArgumentError(
                 f"on_optimizer_change must be a statekeeper.OptimizerChange, got {self.change!r}"
             )
-        if self.progress is not None and not callable(self.progress):
-            raise InvalidArgumentError(
-                f"progress must be a callable progress(done, total), got {self.progress!r}"
-            )
+        require_callable("progress", self.progress, "progress(done, total)")

@@ -3,6 +3,7 @@ checkpoint is refused by name (it carries no checksums to verify). No torch."""
 
 from __future__ import annotations
 
+from statekeeper.arguments import require_callable
 from statekeeper.checkpoint.location import Location, PathOrStorage
 from statekeeper.checkpoint.verification import VerifyReport, step_locations, verify_locations
 from statekeeper.errors import InvalidArgumentError
@@ -50,4 +51,5 @@ def verify(
     >>> print(report.failed[0].error)  # doctest: +SKIP
     runs/exp1/step_000000200/tensors-00000.safetensors: checksum mismatch ...
     """
+    require_callable("progress", progress, "progress(done, total)")  # before any reading
     return verify_locations(verify_targets(target, step), progress)

@@ -233,7 +233,10 @@ def average_checkpoints(
                 raise CorruptCheckpointError(
                     ref.location.path(MANIFEST), f"{name!r}: bad dtype"
                 ) from None
-            if dtype.is_floating_point or dtype.is_complex:
+            shape = ref.sigs[name].shape
+            if math.prod(shape) == 0:  # no element to average or copy: nothing is read
+                averaged[name] = torch.empty(shape, dtype=dtype)
+            elif dtype.is_floating_point or dtype.is_complex:
                 averaged[name] = _average(name, dtype, shards, raw)
             else:  # integer and bool tensors (counters, masks) come from the newest input
                 averaged[name] = shards[newest].get(name)

@@ -246,6 +246,7 @@ class Checkpointer:
         """Save now (RNG included), then apply retention (in the background if async).
         ``overwrite`` replaces the step when it is committed already (a run rolled back to
         an older step saves its numbers again)."""
+        require_bool("overwrite", overwrite)
         return self._save(step, state, metrics, self._writer, overwrite)
 
     def _save(

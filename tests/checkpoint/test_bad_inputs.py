@@ -81,7 +81,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
     ),
     "generators={'x': 5}": (
         lambda t: _ckpt(t, generators={"x": 5}),
-        ("generators['x']", "torch.Generator"),
+        ("generator 'x'", "torch.Generator"),
     ),
     "RNGState([g])": (lambda t: sk.RNGState([torch.Generator()]), ("generators", "mapping")),
     "maybe_save('x')": (

@@ -44,7 +44,7 @@ class RNGState:
                 )
             if not isinstance(gen, torch.Generator | np.random.Generator):
                 raise InvalidArgumentTypeError(
-                    f"generators[{name!r}] is a {type(gen).__name__}; register torch.Generator "
+                    f"generator {name!r} is a {type(gen).__name__}; register torch.Generator "
                     "or numpy.random.Generator objects, e.g. generators={'data': "
                     "torch.Generator().manual_seed(0)}"
                 )

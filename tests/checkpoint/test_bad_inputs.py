@@ -110,6 +110,13 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         lambda t: sk.convert(_saved(t), t / "o", overwrite="yes"),
         ("overwrite", "True or False"),
     ),
+    "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
+    "every=10": (lambda t: _ckpt(t, every=10), ("every", "EverySteps")),
+    "scope='local'": (lambda t: sk.save(t / "r", {"x": 1}, step=1, scope="local"), ("scope",)),
+    "strict=True": (
+        lambda t: sk.load(_saved(t), {"x": torch.zeros(2)}, strict=True),
+        ("strict", "Strict"),
+    ),
     "export overwrite='no'": (
         lambda t: sk.export(_saved(t), t / "o.safetensors", overwrite="no"),
         ("overwrite", "True or False"),

@@ -41,6 +41,7 @@ from statekeeper.checkpoint.signals import SignalWatch
 from statekeeper.checkpoint.writer import METRICS
 from statekeeper.errors import (
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     StatekeeperError,
     StatekeeperWarning,
     user_stacklevel,
@@ -56,7 +57,7 @@ RNG_ENTRY = "rng"
 
 def _require(name: str, value: object, kind: type, what: str) -> None:
     if value is not None and not isinstance(value, kind):
-        raise InvalidArgumentError(f"{name} must be {what}, got {value!r}")
+        raise InvalidArgumentTypeError(f"{name} must be {what}, got {value!r}")
 
 
 class Checkpointer:

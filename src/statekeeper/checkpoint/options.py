@@ -12,7 +12,7 @@ from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
 from statekeeper.checkpoint.origin import library_versions, origin
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
 from statekeeper.state.optimizer import OptimizerChange
@@ -67,7 +67,7 @@ class SaveOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.incremental, Incremental):
-            raise InvalidArgumentError(
+            raise InvalidArgumentTypeError(
                 f"incremental must be a statekeeper.Incremental, got {self.incremental!r}"
             )
         require_bool("overwrite", self.overwrite)
@@ -98,9 +98,11 @@ class RestoreOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.strict, Strict):
-            raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {self.strict!r}")
+            raise InvalidArgumentTypeError(
+                f"strict must be a statekeeper.Strict, got {self.strict!r}"
+            )
         if not isinstance(self.change, OptimizerChange):
-            raise InvalidArgumentError(
+            raise InvalidArgumentTypeError(
                 f"on_optimizer_change must be a statekeeper.OptimizerChange, got {self.change!r}"
             )
         require_callable("progress", self.progress, "progress(done, total)")

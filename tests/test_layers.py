@@ -1,7 +1,7 @@
 """The layer contract: every import inside the package points down the layer map (never up,
 never sideways, not even inside a function), and no two modules import each other.
 
-    errors, progress, extensions  <  storage  <  format  <  state  <  checkpoint  <
+    errors, progress, extensions  <  {storage, arguments}  <  format  <  state  <  checkpoint  <
     distributed  <  {averaging, interop, data}  <  {doctor, integrations}  <  testing  <  cli
     <  __main__
 
@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "progress": 0,
     "extensions": 0,
     "storage": 1,
+    "arguments": 1,
     "format": 2,
     "state": 3,
     "stateful": 3,

@@ -16,7 +16,7 @@ EXPECTED = {
     "KeepLatest", "Mode", "RNGState", "Retention", "SavePolicy", "ResumableBatchSampler",
     "ResumableLoader", "ResumableSampler", "SeededDataset",
     "CheckpointInfo", "CorruptCheckpointError", "Incremental", "InjectedFailure", "Origin",
-    "InvalidArgumentError",
+    "InvalidArgumentError", "InvalidArgumentTypeError",
     "KeyMismatchError", "LoadStateError", "LocalStorage", "MemoryStorage", "RestoreInfo",
     "StatekeeperError", "StatekeeperWarning", "Stateful", "StepExistsError", "StepNotFoundError",
     "OptimizerChange", "Storage", "StorageError", "Strict", "Transaction", "UnsupportedFormatError",
@@ -44,6 +44,7 @@ def test_public_names_not_in_all_are_modules_only() -> None:
     extra = {n for n in vars(sk) if not n.startswith("_") and n not in sk.__all__}
     assert extra <= {
         "annotations",
+        "arguments",
         "averaging",
         "checkpoint",
         "cli",

@@ -16,6 +16,7 @@ The tree, with a middle layer that says what kind of failure it is::
     │   ├── WriterConflictError (BlockingIOError)  another live writer holds the run directory
     │   └── StorageError                         the storage failed an operation (errno kept)
     ├── InvalidArgumentError (ValueError)        an argument is out of range or of the wrong kind
+    │   └── InvalidArgumentTypeError (TypeError)  an argument of the wrong type
     ├── UnsupportedValueError (TypeError)        a value that cannot be stored without pickle
     └── RankFailure (RuntimeError)               another rank of a distributed save/load failed
 
@@ -41,6 +42,7 @@ __all__ = [
     "CheckpointUnreadableError",
     "CorruptCheckpointError",
     "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "KeyMismatchError",
     "LoadStateError",
     "LocationError",
@@ -229,6 +231,11 @@ class MirrorError(StorageError):
 
 class InvalidArgumentError(StatekeeperError, ValueError):
     """An argument is out of range or of the wrong kind."""
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (a list where a mapping goes, a str where a bool does):
+    caught as ``InvalidArgumentError`` and as ``TypeError``."""
 
 
 class LoadStateError(StateMismatchError, RuntimeError):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from statekeeper.arguments import require_bool, require_callable
 from statekeeper.averaging.shards import Shards, file_of
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import Location, locate, validate_step
@@ -30,7 +31,7 @@ from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, Key
 from statekeeper.format.aliases import Alias
 from statekeeper.format.dtypes import dtype_from_name
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.values import Json, decode_value
+from statekeeper.format.values import Json
 from statekeeper.progress import Progress
 from statekeeper.state.tree import unflatten
 
@@ -85,16 +86,30 @@ class _Input:
     sigs: dict[str, _Sig]  # every tensor in scope: referenced ones and the bases of aliases
 
 
-def _signatures(manifest: Manifest, skeleton: Json, root: str, where: str) -> dict[str, _Sig]:
+_REF_TAGS = ("$tensor", "$ndarray")
+
+
+def _references(skeleton: Json) -> list[str]:
+    """The tensor names ``skeleton`` refers to: one walk over its containers, no value built
+    (the newest input's skeleton is decoded, and checked, when the result is rebuilt)."""
     refs: list[str] = []
+    stack = [skeleton]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            if len(item) == 1:
+                ((tag, body),) = item.items()
+                if tag in _REF_TAGS and type(body) is str:
+                    refs.append(body)
+                    continue
+            stack.extend(item.values())
+        elif type(item) is list:
+            stack.extend(item)
+    return refs
 
-    def on_ref(tag: str, name: str) -> None:
-        refs.append(name)
 
-    try:
-        decode_value(skeleton, root, on_ref)
-    except ValueError as exc:
-        raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
+def _signatures(manifest: Manifest, skeleton: Json, where: str) -> dict[str, _Sig]:
+    refs = _references(skeleton)
     sigs: dict[str, _Sig] = {}
     for name in refs:
         sharded = manifest.sharding.tensors.get(name) if manifest.sharding else None
@@ -126,7 +141,7 @@ def _plan(paths: Sequence[str | os.PathLike[str]], key: str | None) -> list[_Inp
             raise CorruptCheckpointError(where, "state is not a mapping")
         found = key is None or key in manifest.state
         skeleton = manifest.state if key is None else manifest.state.get(key)
-        sigs = _signatures(manifest, skeleton, key or "", where) if found else {}
+        sigs = _signatures(manifest, skeleton, where) if found else {}
         inputs.append(_Input(location, manifest, found, skeleton, sigs))
     return inputs
 
@@ -202,6 +217,8 @@ def average_checkpoints(
         raise InvalidArgumentError(f"key must be a non-empty str naming a state entry, got {key!r}")
     if not paths:
         raise InvalidArgumentError("average at least one checkpoint; no paths were given")
+    require_bool("overwrite", overwrite)
+    require_callable("progress", progress, "progress(done, total)")
     raw = [1.0] * len(paths) if weights is None else _raw_weights(weights, len(paths))
     if step is not None:
         validate_step(step)
@@ -230,7 +247,10 @@ def average_checkpoints(
                 raise CorruptCheckpointError(
                     ref.location.path(MANIFEST), f"{name!r}: bad dtype"
                 ) from None
-            if dtype.is_floating_point or dtype.is_complex:
+            shape = ref.sigs[name].shape
+            if math.prod(shape) == 0:  # no element to average or copy: nothing is read
+                averaged[name] = torch.empty(shape, dtype=dtype)
+            elif dtype.is_floating_point or dtype.is_complex:
                 averaged[name] = _average(name, dtype, shards, raw)
             else:  # integer and bool tensors (counters, masks) come from the newest input
                 averaged[name] = shards[newest].get(name)
@@ -243,7 +263,11 @@ def average_checkpoints(
         if sig.alias is not None:
             base = averaged[sig.alias.base]
             averaged[name] = alias_tensor(ref.location, name, sig.alias, base)
-    state = unflatten(ref.skeleton, averaged.__getitem__, key or "")
+    try:
+        state = unflatten(ref.skeleton, averaged.__getitem__, key or "")
+    except ValueError as exc:
+        where = ref.location.path(MANIFEST)
+        raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
     result = state if key is None else {key: state}
     chosen = ref.manifest.step if step is None else step
     return save(out, result, step=chosen, overwrite=overwrite)

@@ -95,6 +95,8 @@ def average_states(
             if problems:
                 raise KeyMismatchError(problems, _HINT)
         for name, tensor in flat.tensors.items():
+            if tensor.numel() == 0:
+                continue  # no element to average: the last input's (empty) tensor is the mean
             if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
                 wide = torch.complex128 if tensor.dtype.is_complex else torch.float64
                 term = tensor.to(wide) * weight

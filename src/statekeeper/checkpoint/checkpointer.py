@@ -16,6 +16,7 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
+from statekeeper.arguments import require_bool, require_callable, require_mapping
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.damage import damaged_since, set_aside
@@ -23,18 +24,26 @@ from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import clean_up, warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable
-from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
+from statekeeper.checkpoint.location import (
+    PathOrStorage,
+    committed,
+    resolve_storage,
+    validate_step,
+)
 from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, Uploader
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
+from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.resume import newest_intact
 from statekeeper.checkpoint.retention import Retainer, RetentionStatus
-from statekeeper.checkpoint.save import save_state
+from statekeeper.checkpoint.save import check_state, save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import SignalWatch
+from statekeeper.checkpoint.writer import METRICS
 from statekeeper.errors import (
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     StatekeeperError,
     StatekeeperWarning,
     user_stacklevel,
@@ -50,7 +59,7 @@ RNG_ENTRY = "rng"
 
 def _require(name: str, value: object, kind: type, what: str) -> None:
     if value is not None and not isinstance(value, kind):
-        raise InvalidArgumentError(f"{name} must be {what}, got {value!r}")
+        raise InvalidArgumentTypeError(f"{name} must be {what}, got {value!r}")
 
 
 class Checkpointer:
@@ -101,6 +110,8 @@ class Checkpointer:
         _require("keep", keep, Retention, "a retention policy such as KeepLatest(3)")
         _require("every", every, SavePolicy, "a save policy such as EverySteps(100)")
         _require("mirror", mirror, Mirror, "a statekeeper.Mirror('s3://bucket/run', ...)")
+        require_bool("async_save", async_save)
+        require_callable("clock", clock, "clock() -> seconds, such as time.monotonic")
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)
@@ -121,7 +132,7 @@ class Checkpointer:
         self._clock = clock
         self._stack = ExitStack()
         if self._leader:
-            self._stack.enter_context(self.storage.writer_lock())
+            self._stack.enter_context(writer_lock(self.storage))  # errors name the fix
         self._resumed_from: int | None = None
         self._last_save = clock()
         self._closed = False
@@ -140,6 +151,7 @@ class Checkpointer:
             raise
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        check_state(state)
         if RNG_ENTRY in state:
             raise InvalidArgumentError(
                 f"the state name {RNG_ENTRY!r} is reserved for the Checkpointer's RNG state; "
@@ -188,6 +200,9 @@ class Checkpointer:
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
     ) -> CheckpointInfo | PendingSave | None:
         """Save when the ``every`` policy says so (and ``step`` is not committed yet)."""
+        validate_step(step)
+        check_state(state)
+        require_mapping("metrics", metrics, METRICS, optional=True)
         if self.every is None:
             raise InvalidArgumentError(
                 "maybe_save needs a save policy: Checkpointer(..., every=EverySteps(n))"
@@ -224,7 +239,7 @@ class Checkpointer:
         self.preempted = True
         if failure is not None:
             if self._watch is not None:
-                self._watch.received = None
+                self._watch.chain(run_previous=False)
             raise failure
         if self._watch is not None:
             self._watch.chain()
@@ -241,6 +256,7 @@ class Checkpointer:
         """Save now (RNG included), then apply retention (in the background if async).
         ``overwrite`` replaces the step when it is committed already (a run rolled back to
         an older step saves its numbers again)."""
+        require_bool("overwrite", overwrite)
         return self._save(step, state, metrics, self._writer, overwrite)
 
     def _save(

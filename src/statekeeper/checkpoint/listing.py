@@ -15,6 +15,7 @@ from statekeeper.checkpoint.location import (
 )
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.naming import ParsedEntry, parse_entry
+from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.errors import StatekeeperError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.base import Storage
@@ -83,7 +84,7 @@ def remove_partial(directory: PathOrStorage) -> list[str]:
     steps a restarted run set aside (``.damaged-``) are kept.
     """
     storage = resolve_storage(directory)
-    with storage.writer_lock():
+    with writer_lock(storage):
         return clean_up(storage)
 
 

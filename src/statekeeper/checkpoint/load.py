@@ -6,6 +6,7 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from statekeeper.arguments import require_callable, require_mapping
 from statekeeper.checkpoint.adapters import Kind, Restoring, adapter_for
 from statekeeper.checkpoint.checks import Strict, entry_problems
 from statekeeper.checkpoint.collective import collective
@@ -41,7 +42,9 @@ def _is_plain(obj: Any) -> bool:
 
 
 def check_assignable(state: Mapping[str, Any]) -> None:
-    """``InvalidArgumentError`` when ``state`` holds plain values but cannot take them back."""
+    """``InvalidArgumentError`` when ``state`` holds plain values but cannot take them back
+    (``InvalidArgumentTypeError`` when it is no mapping at all)."""
+    require_mapping("state", state, "names to objects, e.g. {'model': model, 'opt': opt}")
     if isinstance(state, MutableMapping):
         return
     plain = sorted(name for name, obj in state.items() if _is_plain(obj))
@@ -99,10 +102,6 @@ def load(
     size; see docs/distributed.md.
     """
     options = RestoreOptions(strict, on_optimizer_change, progress)
-    if not isinstance(state, Mapping):
-        raise InvalidArgumentError(
-            f"state must be a mapping of names to objects, got {type(state).__name__}"
-        )
     check_assignable(state)
     if is_distributed(scope, state):
         info = collective().load(resolve_storage(directory), state, step=step, options=options)
@@ -166,5 +165,6 @@ def read_statekeeper(
     Tensors that shared memory when saved share it again. :func:`statekeeper.read` (in
     :mod:`statekeeper.interop.reading`) also reads other formats.
     """
+    require_callable("progress", progress, "progress(done, total)")
     with collector_paused():
         return read_step(locate(directory, step), progress).state

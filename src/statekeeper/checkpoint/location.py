@@ -6,8 +6,10 @@ import os
 import re
 from pathlib import Path
 
+from statekeeper.arguments import require_step
 from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry, step_entry
-from statekeeper.errors import InvalidArgumentError, StepNotFoundError
+from statekeeper.checkpoint.paths import checked_path
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError, StepNotFoundError
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.base import Storage, capabilities_of
 from statekeeper.storage.local import LocalStorage
@@ -33,7 +35,7 @@ def resolve_storage(directory: PathOrStorage) -> Storage:
     if isinstance(directory, str) and is_url(directory):
         return storage_for_url(directory)
     if isinstance(directory, str | os.PathLike):
-        path = Path(directory)
+        path = Path(checked_path(directory))
         if path.exists() and not path.is_dir():
             raise StepNotFoundError(
                 f"{path} is a file, not a statekeeper run or step directory: pass a directory "
@@ -42,15 +44,14 @@ def resolve_storage(directory: PathOrStorage) -> Storage:
         return LocalStorage(directory)
     if isinstance(directory, Storage):
         return directory
-    raise InvalidArgumentError(
+    raise InvalidArgumentTypeError(
         f"expected a directory path or a statekeeper Storage, got {type(directory).__name__}"
     )
 
 
 def validate_step(step: object) -> int:
-    if type(step) is not int or step < 0:
-        raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
-    return step
+    """``step`` when it is an int >= 0 (``InvalidArgumentTypeError`` for another type)."""
+    return require_step(step)
 
 
 def committed(storage: Storage) -> list[ParsedEntry]:
@@ -155,7 +156,7 @@ def locate(directory: PathOrStorage, step: int | None) -> Location:
             storage = resolve_storage(parent)
             if last in storage.entries():
                 return Location(storage, last, parsed.step)
-    if isinstance(directory, str | os.PathLike) and is_step_dir(Path(directory)):
+    if isinstance(directory, str | os.PathLike) and is_step_dir(Path(checked_path(directory))):
         path = Path(directory).resolve()
         parsed = parse_entry(path.name)
         if step is not None and (parsed is None or parsed.step != step):

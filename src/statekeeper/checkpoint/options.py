@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from statekeeper.arguments import require_bool, require_callable
 from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
 from statekeeper.checkpoint.origin import library_versions, origin
 from statekeeper.checkpoint.origin_level import Origin, origin_level
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
 from statekeeper.state.optimizer import OptimizerChange
@@ -75,11 +76,10 @@ class SaveOptions:
     def __post_init__(self) -> None:
         origin_level(self.origin)  # a wrong argument, or a wrong STATEKEEPER_ORIGIN, now
         if not isinstance(self.incremental, Incremental):
-            raise InvalidArgumentError(
+            raise InvalidArgumentTypeError(
                 f"incremental must be a statekeeper.Incremental, got {self.incremental!r}"
             )
-        if not isinstance(self.overwrite, bool):
-            raise InvalidArgumentError(f"overwrite must be True or False, got {self.overwrite!r}")
+        require_bool("overwrite", self.overwrite)
         if (
             not isinstance(self.shard_bytes, int)
             or isinstance(self.shard_bytes, bool)
@@ -88,10 +88,7 @@ class SaveOptions:
             raise InvalidArgumentError(
                 f"shard_bytes must be a positive number of bytes, got {self.shard_bytes!r}"
             )
-        if self.progress is not None and not callable(self.progress):
-            raise InvalidArgumentError(
-                f"progress must be a callable progress(done, total), got {self.progress!r}"
-            )
+        require_callable("progress", self.progress, "progress(done, total)")
 
     def provenance_now(self) -> Provenance:
         """The provenance to record: the pinned one, or this moment's."""
@@ -110,12 +107,11 @@ class RestoreOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.strict, Strict):
-            raise InvalidArgumentError(f"strict must be a statekeeper.Strict, got {self.strict!r}")
+            raise InvalidArgumentTypeError(
+                f"strict must be a statekeeper.Strict, got {self.strict!r}"
+            )
         if not isinstance(self.change, OptimizerChange):
-            raise InvalidArgumentError(
+            raise InvalidArgumentTypeError(
                 f"on_optimizer_change must be a statekeeper.OptimizerChange, got {self.change!r}"
             )
-        if self.progress is not None and not callable(self.progress):
-            raise InvalidArgumentError(
-                f"progress must be a callable progress(done, total), got {self.progress!r}"
-            )
+        require_callable("progress", self.progress, "progress(done, total)")

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Literal, overload
 
+from statekeeper.arguments import require_bool, require_mapping
 from statekeeper.checkpoint.adapters import Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
@@ -25,8 +26,9 @@ from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, vali
 from statekeeper.checkpoint.marks import frozen_marks, steady_names
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
+from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.checkpoint.scope import Scope, is_distributed
-from statekeeper.checkpoint.writer import Prepared, commit, prepare
+from statekeeper.checkpoint.writer import METRICS, Prepared, commit, prepare
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -34,16 +36,18 @@ from statekeeper.state.modules import unwrap
 from statekeeper.state.rng import RNGState
 from statekeeper.storage.base import Storage
 
-__all__ = ["capture", "frozen_names", "save", "save_state"]
+__all__ = ["capture", "check_state", "frozen_names", "save", "save_state"]
 
 OnCommit = Callable[[CheckpointInfo], None]
 
 
+def check_state(state: object, argument: str = "state") -> None:
+    """``InvalidArgumentTypeError`` unless ``state`` is a mapping of names to objects."""
+    require_mapping(argument, state, "names to objects, e.g. {'model': model, 'opt': opt}")
+
+
 def _check_names(state: Mapping[str, Any]) -> None:
-    if not isinstance(state, Mapping):
-        raise InvalidArgumentError(
-            f"state must be a mapping of names to objects, got {type(state).__name__}"
-        )
+    check_state(state)
     for name in state:
         if not isinstance(name, str) or not name or name.startswith("$") or "/" in name:
             raise InvalidArgumentError(
@@ -105,6 +109,8 @@ def save_state(
     ``on_commit(info)`` runs once the step is committed (retention).
     """
     validate_step(step)
+    check_state(state)
+    require_mapping("metrics", metrics, METRICS, optional=True)
     if is_distributed(scope, state):  # every rank; rank 0 takes the lock itself
         if writer is not None:
             return collective().submit(
@@ -255,6 +261,8 @@ def save(
     """
     storage = resolve_storage(directory)
     validate_step(step)
+    check_state(state)
+    require_bool("blocking", blocking)
     if progress is not None and not blocking:
         raise InvalidArgumentError("progress= is only for blocking single-process saves")
     options = SaveOptions(
@@ -273,5 +281,5 @@ def save(
         options=options,
         scope=scope,
         writer=None if blocking else _one_off_writer(storage, distributed),
-        lock=None if distributed else storage.writer_lock(),  # a job's save: rank 0 locks
+        lock=None if distributed else writer_lock(storage),  # a job's save: rank 0 locks
     )

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["Scope", "holds_dtensor", "is_distributed"]
 
@@ -53,7 +53,7 @@ def is_distributed(scope: Scope, state: Mapping[str, Any] | None = None) -> bool
     ranks, or (``AUTO`` and ``DISTRIBUTED`` alike) a ``state`` holding DTensors in a process
     group of one."""
     if not isinstance(scope, Scope):
-        raise InvalidArgumentError(f"scope must be a statekeeper.Scope, got {scope!r}")
+        raise InvalidArgumentTypeError(f"scope must be a statekeeper.Scope, got {scope!r}")
     if scope is Scope.LOCAL:
         return False
     initialized = dist.is_available() and dist.is_initialized()

@@ -16,6 +16,14 @@ What was installed before is honoured, later:
 - :meth:`close` puts the earlier handler back only where the watch's handler is still the
   installed one; a watch that is closed, or that nobody references any more (a Checkpointer
   dropped without ``close``), passes signals on to what was there before.
+
+After a pre-emption save (:meth:`SignalWatch.chain`) the process is on its way out with
+``Checkpointer.PREEMPTED_EXIT_CODE``; launchers often send SIGTERM again meanwhile (and
+``close()`` may wait for uploads). A watched signal whose earlier disposition was the
+default action then never ends the process with that action (which would turn the exit
+status into 143 and stop a scheduler from requeueing a job that saved): :meth:`close` does
+not pass such a signal on, and installs :func:`ignore_after_preemption` for it instead of
+``SIG_DFL``. Earlier Python handlers are still run and put back as above.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import Any
 
 from statekeeper.errors import InvalidArgumentError
 
-__all__ = ["SignalWatch", "signal_of"]
+__all__ = ["SignalWatch", "ignore_after_preemption", "signal_of"]
 
 _CANNOT = {signal.SIGKILL, signal.SIGSTOP}
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -65,9 +73,21 @@ def _pass_on(sig: signal.Signals, previous: Handler, frame: FrameType | None) ->
         signal.raise_signal(sig)
 
 
+def ignore_after_preemption(signum: int, frame: FrameType | None) -> None:
+    """The handler a watched signal keeps after a pre-emption save where its earlier
+    disposition was the default action: the signal is ignored, so the process ends with the
+    exit code the loop chose (``PREEMPTED_EXIT_CODE``), not with the signal's. A Python
+    handler rather than ``SIG_IGN``: programs this process starts later get the default
+    disposition back (``SIG_IGN`` would be inherited across ``exec``)."""
+
+
 def _handler(watch: weakref.ref[SignalWatch], sig: signal.Signals, previous: Handler) -> Any:
     def handle(signum: int, frame: FrameType | None) -> None:
         owner = watch()
+        if owner is not None and owner.served and not callable(previous):
+            if not owner.closed and owner.received is None:
+                owner.received = sig  # a loop that goes on saves again at its next boundary
+            return  # never the default action: the process ends with the loop's exit code
         if owner is None or owner.closed:
             _pass_on(sig, previous, frame)
         elif owner.received is None:
@@ -83,6 +103,7 @@ class SignalWatch:
         self.signals = tuple(dict.fromkeys(signals))
         self.received: signal.Signals | None = None
         self.closed = False
+        self.served = False  # a pre-emption save was made: the process is ending
         self._installed: dict[signal.Signals, tuple[Any, Handler]] = {}
         if threading.current_thread() is not threading.main_thread():
             raise InvalidArgumentError(
@@ -107,11 +128,13 @@ class SignalWatch:
         """Whether every watched signal still reaches this watch (nobody replaced it)."""
         return all(signal.getsignal(s) is h for s, (h, _) in self._installed.items())
 
-    def chain(self) -> None:
-        """Run the Python handler that was installed before for the recorded signal (after
-        the save it served), then forget the record."""
+    def chain(self, *, run_previous: bool = True) -> None:
+        """After the pre-emption save: forget the record and run the Python handler that was
+        installed before for the recorded signal (unless ``run_previous`` is False). From
+        now on a watched signal with a default disposition never ends the process with it."""
         sig, self.received = self.received, None
-        if sig is not None:
+        self.served = True
+        if sig is not None and run_previous:
             previous = self._installed.get(sig, (None, None))[1]
             if callable(previous):
                 previous(int(sig), None)
@@ -125,6 +148,14 @@ class SignalWatch:
         pending, self.received = self.received, None
         for sig, (handle, previous) in self._installed.items():
             if signal.getsignal(sig) is handle:
-                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+                signal.signal(sig, self._after(previous))
         if pending is not None:
-            _pass_on(pending, self._installed[pending][1], None)
+            previous = self._installed[pending][1]
+            if not (self.served and not callable(previous)):  # the default ends the process
+                _pass_on(pending, previous, None)
+
+    def _after(self, previous: Handler) -> Handler:
+        """What a watched signal gets when the watch closes."""
+        if self.served and (previous is None or previous == signal.SIG_DFL):
+            return ignore_after_preemption
+        return previous if previous is not None else signal.SIG_DFL

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from statekeeper.arguments import require_callable
 from statekeeper.checkpoint.location import (
     Location,
     PathOrStorage,
@@ -191,6 +192,7 @@ def verify_locations(
 ) -> VerifyReport:
     """Each of ``locations`` verified by :func:`verify_location`, in order;
     ``progress(done, total)`` counts bytes over all of them."""
+    require_callable("progress", progress, "progress(done, total)")
     if progress is None:
         return VerifyReport(tuple(verify_location(location) for location in locations))
     return VerifyReport(tuple(_verify_all(locations, progress)))

@@ -8,8 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
+from statekeeper.arguments import require_mapping
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.incremental import Incremental, Reuser, previous_step
 from statekeeper.checkpoint.info import CheckpointInfo
@@ -34,10 +36,12 @@ from statekeeper.state.tree import flatten
 from statekeeper.storage.base import FileWriter, Storage, Transaction
 
 __all__ = [
+    "METRICS",
     "Prepared",
     "check_step",
     "commit",
     "encode_metrics",
+    "metric_items",
     "prepare",
     "write_shard",
     "write_step",
@@ -57,11 +61,24 @@ class Prepared:
     plan: Plan | None = None  # set when reusable: the same Plan means the same tensor layout
 
 
+METRICS = "str names to numbers, e.g. {'val_loss': 0.25}"
+
+
+def metric_items(metrics: Mapping[str, Any] | None) -> Iterator[tuple[str, Any]]:
+    """Each metric as a Python number where it is one in another form: a one-element tensor
+    or a numpy scalar becomes its ``.item()`` (``InvalidArgumentTypeError`` unless
+    ``metrics`` is a mapping)."""
+    require_mapping("metrics", metrics, METRICS, optional=True)
+    for key, value in (metrics or {}).items():
+        one = isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_meta
+        if one or (isinstance(value, np.generic) and value.dtype.kind in "iuf"):
+            value = value.item()
+        yield key, value
+
+
 def encode_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Json]:
     out: dict[str, Json] = {}
-    for key, value in (metrics or {}).items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
+    for key, value in metric_items(metrics):
         if (
             not isinstance(key, str)
             or isinstance(value, bool)

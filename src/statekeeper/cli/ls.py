@@ -142,6 +142,12 @@ def _tiers(
     if mirror is None:
         return infos, None
     tiers: Tiers = {i.step: ["local"] for i in infos if i.error is None}
+    if not is_url(mirror) and not Path(mirror).is_dir():
+        render.fail(
+            f"--mirror {mirror}: no such directory; pass the mirror tier's path or URL (the "
+            "target of Checkpointer(mirror=Mirror(...)))",
+            2,
+        )
     with render.reported_errors():
         remote = list_checkpoints(mirror)
     merged = {i.step: i for i in infos}

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.options import SaveOptions
+from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.checkpoint.save import capture
 from statekeeper.checkpoint.writer import check_step, encode_metrics, write_shard
 from statekeeper.distributed.dcp_storage import ChunkWriter, sharded_records
@@ -160,7 +161,7 @@ class Begun:
         self.group = group
         self.rank = dist.get_rank(self.group)
         self.txn: Transaction | None = None
-        self._lock = storage.writer_lock() if self.rank == 0 else None
+        self._lock = writer_lock(storage) if self.rank == 0 else None
         begun: BaseException | None = None
         try:
             if self._lock is not None:

@@ -9,14 +9,27 @@ from collections.abc import Callable
 from typing import Any
 
 from statekeeper.doctor.rule import Target
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, StatekeeperError
 
 __all__ = ["build_target", "load_factory"]
 
 
 def build_target(factory: Callable[[], Any], *, spec: str | None = None) -> Target:
-    """Call ``factory`` and read what it returned (:meth:`Target.build`)."""
-    return Target.build(factory, spec=spec)
+    """Call ``factory`` and read what it returned (:meth:`Target.build`).
+
+    An exception the factory raises becomes an ``InvalidArgumentError`` naming the factory,
+    the exception and the fix (chained: ``__cause__`` is the factory's own exception)."""
+    try:
+        return Target.build(factory, spec=spec)
+    except StatekeeperError:
+        raise
+    except Exception as exc:
+        name = spec or getattr(factory, "__qualname__", None) or repr(factory)
+        raise InvalidArgumentError(
+            f"the factory {name} raised {type(exc).__name__}: {exc}. The doctor calls it to "
+            "build the model it checks; fix the factory (calling it in Python shows the "
+            "traceback)"
+        ) from exc
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -32,6 +45,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise InvalidArgumentError(f"cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module's own code failed while it was imported
+        raise InvalidArgumentError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc}; fix that module "
+            f"(python -c 'import {module_name}' shows the traceback)"
+        ) from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InvalidArgumentError(f"{module_name!r} has no attribute {attr!r}")

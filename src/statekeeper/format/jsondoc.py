@@ -21,6 +21,8 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "MAX_INDEX_BYTES",
     "MAX_MANIFEST_BYTES",
+    "MAX_DECIMAL_DIGITS",
+    "decimal_int",
     "depth_problem",
     "parse_json",
 ]
@@ -36,10 +38,47 @@ MAX_INDEX_BYTES = 256 << 20
 """A Hugging Face ``*.index.json``: a few MiB for the largest public models."""
 
 
+MAX_DECIMAL_DIGITS = 1_000_000
+"""Longest decimal integer read (older writers stored any int in decimal); converting one
+takes time that grows faster than its length, so a longer one is refused as malformed."""
+_DIRECT_DIGITS = 640  # the lowest limit sys.set_int_max_str_digits accepts (0 aside)
+
+
+def decimal_int(text: str) -> int:
+    """The int that the decimal ``text`` (an optional ``-``, then digits) spells, whatever
+    ``sys.get_int_max_str_digits()`` allows: long ones are split and joined arithmetically
+    (no conversion longer than 640 digits runs)."""
+    sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text)
+    if len(digits) > MAX_DECIMAL_DIGITS:
+        raise ValueError(
+            f"an integer of {len(digits)} decimal digits, more than the {MAX_DECIMAL_DIGITS} "
+            "statekeeper reads"
+        )
+    return sign * _joined(digits)
+
+
+def _joined(digits: str) -> int:
+    if len(digits) <= _DIRECT_DIGITS:
+        return int(digits)
+    low = len(digits) // 2
+    scale: int = 10**low
+    return _joined(digits[:-low]) * scale + _joined(digits[-low:])
+
+
 def parse_json(data: bytes | bytearray | str) -> Any:
-    """``json.loads``; ``ValueError`` for any malformed document, nesting too deep included."""
+    """``json.loads``; ``ValueError`` for any malformed document, nesting too deep included.
+
+    Integers longer than ``sys.get_int_max_str_digits()`` allows are read all the same
+    (:func:`decimal_int`): what one process wrote reads back in every process."""
     try:
         return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+    try:  # the slower parse, only for documents holding a long integer
+        return json.loads(data, parse_int=decimal_int)
     except RecursionError:
         raise ValueError("nested too deeply to parse") from None
 

@@ -16,6 +16,8 @@ Everything else becomes a one-tag object whose first key starts with ``$``:
 ``{"$device": s}``     a ``torch.device``
 ``{"$numpy": s, "value": v}``  a numpy scalar of dtype ``s``
 ``{"$complex": [re, im]}``     a Python ``complex``
+``{"$int": hex}``      an ``int`` of more than 4300 decimal digits, in hex (``-`` first
+                       when negative): readable whatever ``sys.get_int_max_str_digits()``
 ``{"$tensor": name}``  a tensor stored in a safetensors shard (see ``state.tree``)
 ``{"$ndarray": name}`` a numpy array stored as a tensor
 ====================  ==========================================================
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import base64
 import math
+import re
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -61,10 +65,28 @@ _TAGS = frozenset(
         "$device",
         "$numpy",
         "$complex",
+        "$int",
         "$tensor",
         "$ndarray",
     }
 )
+
+
+_HEX = re.compile(r"-?[0-9a-f]+")
+_DEFAULT_DIGITS = 4300  # sys.int_info.default_max_str_digits
+_bounds: dict[int, int] = {}
+
+
+def _long_int() -> int:
+    """The smallest magnitude written as ``$int``: 10**4300 (an int of more decimal digits
+    than Python converts by default: older readers could not read it either), less where
+    this process lowered the limit (``sys.set_int_max_str_digits``)."""
+    limit = sys.get_int_max_str_digits()
+    digits = _DEFAULT_DIGITS if limit == 0 else min(limit, _DEFAULT_DIGITS)
+    bound = _bounds.get(digits)
+    if bound is None:
+        bound = _bounds[digits] = 10**digits
+    return bound
 
 
 def join_path(path: str, key: object) -> str:
@@ -119,7 +141,10 @@ def encode_value(value: object, path: str, on_tensor: TensorHook, depth: int = 0
         item = value.item()
         return {"$numpy": value.dtype.name, "value": encode_value(item, path, on_tensor, depth)}
     if isinstance(value, int):
-        return int(value)  # int subclasses such as IntEnum lose their class, never their value
+        value = int(value)  # int subclasses such as IntEnum lose their class, never their value
+        if value.bit_length() <= 2100 or abs(value) < _long_int():  # 2**2100 < 10**640
+            return value
+        return {"$int": format(value, "x")}
     if isinstance(value, float):
         return value if math.isfinite(value) else {"$float": repr(float(value))}
     if isinstance(value, torch.Tensor | np.ndarray):
@@ -209,6 +234,11 @@ def decode_value(obj: Json, path: str, on_ref: RefHook, depth: int = 0) -> Any:
     if tag == "$float":
         _expect(body in ("inf", "-inf", "nan") and len(obj) == 1, path, tag)
         return float(body)
+    if tag == "$int":
+        _expect(
+            isinstance(body, str) and _HEX.fullmatch(body) is not None and len(obj) == 1, path, tag
+        )
+        return int(body, 16)  # a power-of-two base: never limited by the digits limit
     if tag == "$bytes":
         _expect(isinstance(body, str) and len(obj) == 1, path, tag)
         return base64.b64decode(body, validate=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from statekeeper.arguments import require_bool, require_callable
+from statekeeper.checkpoint.location import is_step_dir
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.format.aliases import tie_plan
 from statekeeper.interop.detect import foreign_format
@@ -17,7 +20,7 @@ from statekeeper.interop.safetensors_write import write_safetensors
 from statekeeper.interop.tree import flat_leaves, select, split_tensors
 from statekeeper.progress import Progress
 
-__all__ = ["ConvertResult", "convert", "entries_for_save"]
+__all__ = ["ConvertResult", "convert", "entries_for_save", "refuse_same_run"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,20 @@ class ConvertResult:
     aliases: dict[str, str]  # safetensors: alias -> stored name
     dropped: tuple[str, ...]  # safetensors: non-tensor leaves left out
     wrapped_as: str | None  # statekeeper: the entry the whole source was put under
+
+
+def refuse_same_run(src: str | Path, dst: str | Path) -> None:
+    """``InvalidArgumentError`` when ``dst`` is the run that ``src`` (a statekeeper run or
+    one of its steps) belongs to, under any spelling: converting would add a step to it."""
+    if not isinstance(src, str | Path) or not isinstance(dst, str | Path):
+        return
+    source = Path(src)
+    run = source.parent if is_step_dir(source) else source
+    if os.path.realpath(run) == os.path.realpath(dst):
+        raise InvalidArgumentError(
+            f"{src} and {dst} are the same run: converting it into itself would add a step "
+            "to the run it reads. Pass another destination directory (or a .safetensors file)"
+        )
 
 
 def _valid_name(name: object) -> bool:
@@ -86,7 +103,12 @@ def convert(
     from statekeeper.checkpoint.save import save
     from statekeeper.interop.reading import read
 
+    require_bool("overwrite", overwrite)
+    require_callable("progress", progress, "progress(done, total)")
+    require_callable("write_progress", write_progress, "write_progress(done, total)")
     to_file = str(dst).endswith(".safetensors")
+    if not to_file:
+        refuse_same_run(src, dst)
     if to_file and not overwrite and Path(dst).exists():
         raise StepExistsError(
             f"{dst}: the file already exists; pass --overwrite (overwrite=True) to replace it"

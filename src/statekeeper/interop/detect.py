@@ -9,6 +9,7 @@ from pathlib import Path
 
 from statekeeper.checkpoint.location import is_step_dir
 from statekeeper.checkpoint.naming import EntryKind, parse_entry
+from statekeeper.checkpoint.paths import checked_path
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
 from statekeeper.interop.foreign_files import is_torch_file, size_of
 
@@ -110,7 +111,10 @@ def foreign_format(target: object) -> tuple[str, Format] | None:
     if not isinstance(target, str | os.PathLike):
         return None
     text = os.fspath(target)
-    if "://" in text or not Path(text).exists():
+    if "://" in str(text):
+        return None
+    text = checked_path(target)  # an empty or too long path: named, not a bare OSError
+    if not Path(text).exists():
         return None
     found = detect(text)
     return None if found is None or found is Format.STATEKEEPER else (text, found)

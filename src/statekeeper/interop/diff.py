@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from statekeeper.arguments import require_callable
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.aliases import view_key
 from statekeeper.format.dtypes import dtype_name
@@ -226,6 +227,7 @@ def diff(
     """
     if not isinstance(tied, TiedKeys):
         raise InvalidArgumentError(f"tied must be a TiedKeys, got {tied!r}")
+    require_callable("progress", progress, "progress(done, total)")
     from statekeeper.interop.reading import read
 
     states = []

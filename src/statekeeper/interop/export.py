@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from statekeeper.arguments import require_bool, require_callable
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.format.aliases import tie_plan
 from statekeeper.format.dtypes import dtype_name
@@ -117,6 +118,8 @@ def export(
     """
     from statekeeper.interop.reading import read
 
+    require_bool("overwrite", overwrite)
+    require_callable("progress", progress, "progress(done, total)")
     if not overwrite and Path(out).exists():
         raise StepExistsError(
             f"{out}: the file already exists; pass --overwrite (overwrite=True) to replace it"

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from statekeeper.arguments import require_callable
 from statekeeper.checkpoint.load import read_statekeeper
 from statekeeper.checkpoint.location import PathOrStorage
 from statekeeper.errors import InvalidArgumentError
@@ -65,6 +66,7 @@ def read(
     (``torch.save`` file, safetensors file or folder, Lightning, Accelerate, DCP) is read
     safely by the readers of this package (see docs/interop.md).
     """
+    require_callable("progress", progress, "progress(done, total)")
     foreign = foreign_format(directory)
     if foreign is not None:
         return read_foreign(*foreign, step=step, progress=progress)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from statekeeper.arguments import require_callable
 from statekeeper.checkpoint.location import Location, PathOrStorage
 from statekeeper.checkpoint.verification import VerifyReport, step_locations, verify_locations
 from statekeeper.errors import InvalidArgumentError, StepNotFoundError
@@ -78,4 +79,5 @@ def verify(
     >>> print(report.failed[0].error)  # doctest: +SKIP
     runs/exp1/step_000000200/tensors-00000.safetensors: checksum mismatch ...
     """
+    require_callable("progress", progress, "progress(done, total)")  # before any reading
     return verify_locations(verify_targets(target, step), progress)

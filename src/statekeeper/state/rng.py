@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from statekeeper.errors import KeyMismatchError
+from statekeeper.arguments import require_mapping
+from statekeeper.errors import InvalidArgumentTypeError, KeyMismatchError
 
 __all__ = ["RNGState"]
 
@@ -31,12 +32,21 @@ class RNGState:
     """The state of all global generators plus the ``generators`` registered by name."""
 
     def __init__(self, generators: Mapping[str, Generator] | None = None) -> None:
+        require_mapping(
+            "generators", generators, "names to generators, e.g. {'data': g}", optional=True
+        )
         self.generators = dict(generators or {})
         for name, gen in self.generators.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidArgumentTypeError(
+                    f"generators: the name {name!r} is not a non-empty str; name each "
+                    "generator, e.g. generators={'data': g}"
+                )
             if not isinstance(gen, torch.Generator | np.random.Generator):
-                raise TypeError(
-                    f"generator {name!r} is a {type(gen).__name__}; register torch.Generator or "
-                    "numpy.random.Generator objects"
+                raise InvalidArgumentTypeError(
+                    f"generator {name!r} is a {type(gen).__name__}; register torch.Generator "
+                    "or numpy.random.Generator objects, e.g. generators={'data': "
+                    "torch.Generator().manual_seed(0)}"
                 )
 
     def state_dict(self) -> dict[str, Any]:

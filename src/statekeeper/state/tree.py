@@ -30,6 +30,33 @@ class Flat:
     tensors: dict[str, torch.Tensor]
 
 
+_BIG_ENDIAN = (
+    "state at {0}: a numpy array of non-native byte order ({1}); safetensors stores "
+    "little-endian bytes only. Convert it in state_dict() with "
+    "arr.astype(arr.dtype.newbyteorder('='))"
+)
+
+
+def _unstorable(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` has no bytes that a safetensors file can hold, with the fix, or None."""
+    if tensor.is_nested:
+        return (
+            "a nested tensor (torch.nested), whose parts have different shapes; store its "
+            "parts as a list (t.unbind()) and rebuild it with torch.nested.nested_tensor"
+        )
+    if tensor.layout is not torch.strided:
+        return (
+            f"a tensor of layout {tensor.layout} (sparse); store it dense (t.to_dense()), or its "
+            "indices and values as two tensors"
+        )
+    if tensor.is_meta:
+        return (
+            "a meta tensor, which has a shape but no data; materialize it before saving "
+            "(module.to_empty(device=...) and initialize, or load its weights)"
+        )
+    return None
+
+
 def flatten(state: Mapping[str, Any], root: str = "") -> Flat:
     """Split ``state`` into a JSON skeleton and named tensors (no copies are made)."""
     tensors: dict[str, torch.Tensor] = {}
@@ -41,6 +68,10 @@ def flatten(state: Mapping[str, Any], root: str = "") -> Flat:
             n += 1
             name = f"{path}~{n}"
         if isinstance(value, np.ndarray):
+            if not value.dtype.isnative:
+                raise UnsupportedValueError(
+                    path, value, reason=_BIG_ENDIAN.format(path, value.dtype)
+                )
             try:
                 tensor = torch.from_numpy(np.ascontiguousarray(value))
             except TypeError:
@@ -49,6 +80,11 @@ def flatten(state: Mapping[str, Any], root: str = "") -> Flat:
                 raise UnsupportedValueError(path, value, f"numpy arrays of dtype {value.dtype}")
             tensors[name] = tensor
             return {"$ndarray": name}
+        problem = _unstorable(value)
+        if problem is not None:
+            raise UnsupportedValueError(
+                path, value, reason=f"state at {path or '<root>'}: {problem}"
+            )
         if value.dtype not in SUPPORTED_DTYPES:
             raise UnsupportedValueError(path, value, f"tensors of dtype {value.dtype}")
         # detached only when it needs to be: a state dict's tensors are detached already,

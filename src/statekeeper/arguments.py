@@ -1,0 +1,66 @@
+"""Checking what callers pass, once, in one place: each check names the argument and the fix.
+
+The public functions and options take their documented types only: a bool option takes
+``True`` or ``False`` (never ``"yes"``, ``1`` or ``None``), a mapping argument a mapping, a
+callback a callable. A value of the wrong type is an :class:`InvalidArgumentTypeError`
+(also a ``TypeError``); a value of the right type out of range an
+:class:`InvalidArgumentError` (also a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+__all__ = ["require_bool", "require_callable", "require_mapping", "require_step"]
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def require_bool(name: str, value: object) -> bool:
+    """``value`` when it is ``True`` or ``False``; ``InvalidArgumentTypeError`` otherwise."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentTypeError(
+            f"{name} must be True or False, got {_shown(value)} ({type(value).__name__}); "
+            f"pass {name}=True or {name}=False"
+        )
+    return value
+
+
+def require_mapping(name: str, value: object, what: str, *, optional: bool = False) -> Any:
+    """``value`` when it is a ``Mapping`` (or None with ``optional``); ``what`` says what it
+    maps, as the fix: ``"names to objects, e.g. {'model': model}"``."""
+    if value is None and optional:
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentTypeError(
+            f"{name} must be a mapping of {what}, got {type(value).__name__} {_shown(value)}"
+        )
+    return value
+
+
+def require_callable(name: str, value: object, what: str) -> Any:
+    """``value`` when it is None or callable; ``what`` is its signature, as the fix."""
+    if value is not None and not callable(value):
+        raise InvalidArgumentTypeError(
+            f"{name} must be a callable {what} (or None), got {type(value).__name__} "
+            f"{_shown(value)}"
+        )
+    return value
+
+
+def require_step(value: object, name: str = "step") -> int:
+    """``value`` when it is an ``int`` >= 0."""
+    if type(value) is not int:  # bools and int subclasses too: a step is a plain int
+        raise InvalidArgumentTypeError(
+            f"{name} must be a non-negative int, got {type(value).__name__} {_shown(value)}; "
+            f"pass the training step number, e.g. {name}=100"
+        )
+    if value < 0:
+        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value}")
+    return value

@@ -189,9 +189,10 @@ def framework_folder(path: str | os.PathLike[str]) -> FrameworkFolder | None:
     """The framework folder a local directory ``path`` is, or None: not a directory, a
     statekeeper run or step directory itself, or holding no framework entries."""
     folder = Path(path)
-    if "://" in os.fspath(path) or not folder.is_dir() or _holds_steps(folder):
-        return None
-    try:
+    try:  # a name the file system refuses (too long...) is no framework folder: the
+        # statekeeper path checks that follow name the problem
+        if "://" in os.fspath(path) or not folder.is_dir() or _holds_steps(folder):
+            return None
         children = sorted(folder.iterdir())
     except OSError:
         return None

@@ -109,7 +109,9 @@ class Checkpointer:
         self.keep = keep
         self.every = every
         self.rng = RNGState(generators)
-        self._options = SaveOptions(shard_bytes=shard_bytes, incremental=incremental)
+        self._options = SaveOptions(
+            shard_bytes=shard_bytes, incremental=incremental, retention=keep
+        )
         self._clock = clock
         self._stack = ExitStack()
         if self._leader:

@@ -11,6 +11,7 @@ from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
 from statekeeper.checkpoint.origin import library_versions, origin
+from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -52,7 +53,9 @@ class SaveOptions:
     - ``marks``: the frozen parameters' version marks, taken in the caller (an incremental
       save skips checksumming a frozen shard whose tensors did not move);
     - ``steady``: tensor names found unchanged since the previous save, stored in shards of
-      their own after the frozen ones (an incremental save can then reuse them whole).
+      their own after the frozen ones (an incremental save can then reuse them whole);
+    - ``retention``: the policy applied after the save (None: every step stays); an
+      incremental save links only where a step that stays keeps an independent copy.
     """
 
     overwrite: bool = False
@@ -63,6 +66,7 @@ class SaveOptions:
     incremental: Incremental = Incremental.REUSE
     marks: Mapping[str, Mark | None] = field(default_factory=dict)
     steady: frozenset[str] = frozenset()
+    retention: Retention | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.incremental, Incremental):

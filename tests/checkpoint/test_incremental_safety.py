@@ -47,9 +47,8 @@ def inodes(run: Path, step: int) -> set[int]:
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    return all(
-        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values())
-    )
+    pairs = zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    return all(torch.equal(x, y) for x, y in pairs)
 
 
 def test_a_rotten_file_is_never_linked_into_the_next_step(tmp_path: Path) -> None:
@@ -80,17 +79,21 @@ def test_a_rotten_file_in_the_newest_step_leaves_an_older_good_step(tmp_path: Pa
             ckpt.save(step, state)
     rot(shard(tmp_path, 5))  # one bad sector in the newest step's frozen shard
     fresh, _, _ = lora_state(seed=3)
-    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(2)) as again:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", sk.StatekeeperWarning)  # step 5 is skipped
-            assert again.restore_latest(fresh) == 4
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(2)) as again, warnings.catch_warnings():
+        warnings.simplefilter("ignore", sk.StatekeeperWarning)  # step 5 is skipped
+        assert again.restore_latest(fresh) == 4
     assert torch.equal(fresh["model"]["base"].weight, state["model"]["base"].weight)
 
 
 @pytest.mark.parametrize(
     "keep",
-    [None, sk.KeepLatest(2), sk.KeepLatest(3), sk.KeepEvery(4) | sk.KeepLatest(1)]
-    + [sk.KeepBest(2, metric="loss")],
+    [
+        None,
+        sk.KeepLatest(2),
+        sk.KeepLatest(3),
+        sk.KeepEvery(4) | sk.KeepLatest(1),
+        sk.KeepBest(2, metric="loss"),
+    ],
     ids=["all", "latest2", "latest3", "every4+latest1", "best2"],
 )
 def test_a_step_that_stays_shares_no_file_with_the_newest(
@@ -151,18 +154,21 @@ def test_a_sparse_write_no_counter_sees_is_saved(how: str, tmp_path: Path) -> No
 
 
 class _AtLink:
-    """Runs ``act`` once, at the link syscall (after the source was checked): the moment
-    another process could swap or delete the file at the source's name."""
+    """Runs ``act(source)`` once, at the first link syscall (after the source was checked):
+    the moment another process could swap or delete the file at the source's name.
+    ``source`` is the path being linked (for a link by descriptor, where its name is)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
-        self.calls = 0
+        self.sources: list[Path] = []
         real = os.link
 
-        def link(*args: Any, **kwargs: Any) -> None:
-            self.calls += 1
-            if self.calls == 1:
-                act()
-            real(*args, **kwargs)
+        def link(src: Any, *args: Any, **kwargs: Any) -> None:
+            if not self.sources:
+                src = os.fspath(src)
+                named = os.readlink(src) if src.startswith("/proc/self/fd/") else src
+                self.sources.append(Path(named))
+                act(Path(named))
+            real(src, *args, **kwargs)
 
         monkeypatch.setattr(storage_files.os, "link", link)
 
@@ -173,17 +179,16 @@ def _saved_twice(run: Path) -> tuple[dict[str, Any], Any, Any, sk.Checkpointer]:
     for step in (1, 2):
         lora_step(adapter, opt)
         ckpt.save(step, state)
-    return state, adapter, opt, ckpt  # step 3 links from step 1
+    return state, adapter, opt, ckpt
 
 
 def test_a_file_swapped_in_at_the_source_name_is_never_linked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, adapter, opt, ckpt = _saved_twice(tmp_path)
-    source = shard(tmp_path, 1)
     fakes: list[int] = []
 
-    def swap() -> None:  # same size, one byte different, replacing the name atomically
+    def swap(source: Path) -> None:  # same size, one byte different, replacing the name
         data = bytearray(source.read_bytes())
         data[len(data) // 2] ^= 0x01
         fake = source.with_name("swapped.tmp")
@@ -195,11 +200,11 @@ def test_a_file_swapped_in_at_the_source_name_is_never_linked(
     with ckpt:
         lora_step(adapter, opt)
         ckpt.save(3, state)
-    assert hook.calls >= 1
+    assert [p.name for p in hook.sources] == [FROZEN]
     # the file checked had no other name left once swapped out, so it could not be linked
     # either: the shard was written from memory
     assert shard(tmp_path, 3).stat().st_ino not in fakes
-    assert sk.verify(tmp_path).ok
+    assert sk.verify(tmp_path, step=3).ok
     got = sk.read(tmp_path, step=3)["model"]["base.weight"]
     assert torch.equal(got, state["model"]["base"].weight)
 
@@ -208,11 +213,11 @@ def test_a_source_deleted_before_the_link_is_written_from_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, adapter, opt, ckpt = _saved_twice(tmp_path)
-    hook = _AtLink(monkeypatch, shard(tmp_path, 1).unlink)  # a cron job cleaning old steps
+    hook = _AtLink(monkeypatch, Path.unlink)  # a user or a cron job cleaning old steps
     with ckpt:
         lora_step(adapter, opt)
         info = ckpt.save(3, state)
-    assert hook.calls >= 1
+    assert [p.name for p in hook.sources] == [FROZEN]
     assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 0
     assert info.written == info.bytes
     assert sk.verify(tmp_path).ok

@@ -72,8 +72,9 @@ class Checkpointer:
     retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
 
     ``incremental`` (single-process saves): with ``Incremental.REUSE``, the default, a tensor
-    file identical to one of the previous step is hard-linked (or copied by the object
-    store), not written again (see ``docs/incremental.md``).
+    file identical to one of an earlier step is hard-linked (or copied by the object
+    store), not written again, and never so that every step ``keep`` keeps shares the
+    same copy (see ``docs/incremental.md``).
     """
 
     PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: a temporary failure, run me again

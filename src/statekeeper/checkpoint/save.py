@@ -243,7 +243,7 @@ def save(
     written so far.
 
     ``incremental=Incremental.REUSE`` (the default, single-process saves): a tensor file
-    identical to a file of the previous committed step is hard-linked (or copied by the
+    identical to a file of an earlier committed step is hard-linked (or copied by the
     object store) instead of written; ``CheckpointInfo.written`` says what was written.
     """
     storage = resolve_storage(directory)

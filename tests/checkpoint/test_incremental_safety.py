@@ -166,11 +166,30 @@ class _AtLink:
             if not self.sources:
                 src = os.fspath(src)
                 named = os.readlink(src) if src.startswith("/proc/self/fd/") else src
+                if kwargs.get("src_dir_fd") is not None:  # a name in that directory
+                    named = os.path.join(os.readlink(f"/proc/self/fd/{kwargs['src_dir_fd']}"), src)
                 self.sources.append(Path(named))
                 act(Path(named))
             real(src, *args, **kwargs)
 
         monkeypatch.setattr(storage_files.os, "link", link)
+
+
+@pytest.fixture(params=["linkat /proc/self/fd", "no /proc"])
+def proc(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Links by descriptor through /proc, or (where there is none) by name, checked after."""
+    if request.param == "no /proc":
+        monkeypatch.setattr(storage_files, "_PROC_FD", "/nonexistent/proc/self/fd")
+    return str(request.param)
+
+
+def test_a_checked_file_is_linked_with_or_without_proc(proc: str, tmp_path: Path) -> None:
+    state, adapter, opt, ckpt = _saved_twice(tmp_path)
+    with ckpt:
+        lora_step(adapter, opt)
+        info = ckpt.save(3, state)
+    assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 1
+    assert sk.verify(tmp_path).ok
 
 
 def _saved_twice(run: Path) -> tuple[dict[str, Any], Any, Any, sk.Checkpointer]:
@@ -183,7 +202,7 @@ def _saved_twice(run: Path) -> tuple[dict[str, Any], Any, Any, sk.Checkpointer]:
 
 
 def test_a_file_swapped_in_at_the_source_name_is_never_linked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    proc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, adapter, opt, ckpt = _saved_twice(tmp_path)
     fakes: list[int] = []
@@ -210,7 +229,7 @@ def test_a_file_swapped_in_at_the_source_name_is_never_linked(
 
 
 def test_a_source_deleted_before_the_link_is_written_from_memory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    proc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, adapter, opt, ckpt = _saved_twice(tmp_path)
     hook = _AtLink(monkeypatch, Path.unlink)  # a user or a cron job cleaning old steps

@@ -183,15 +183,15 @@ def link_regular(
     """Hard-link the regular file ``source`` as ``target``, by its descriptor: ``source`` is
     opened once (``O_NOFOLLOW``, in its own directory opened without following links),
     ``check`` (when given) looks at it through that descriptor, and that very inode is
-    linked (``linkat`` of ``/proc/self/fd/N`` with ``AT_SYMLINK_FOLLOW``, which needs no
-    privilege). A file put at ``source``'s name after it was opened is never linked.
+    linked: ``linkat`` of ``/proc/self/fd/N`` with ``AT_SYMLINK_FOLLOW`` (no privilege
+    needed). Without ``/proc`` (macOS, a container without it) the name is linked and the
+    link kept only when it is the inode that was checked. A file put at ``source``'s name
+    after it was opened is never linked.
 
     False, and nothing at ``target``, whenever the link is not made for any reason: the
     source is gone (deleted before or after it was opened), is not a regular file, fails
     ``check``, or the file system cannot link it (another device, too many links, no hard
-    links, no ``/proc``). The caller then writes the file itself."""
-    if not os.path.isdir(_PROC_FD):
-        return False
+    links). The caller then writes the file itself."""
     try:
         dfd = open_directory(source.parent)
     except (OSError, CorruptCheckpointError):
@@ -199,21 +199,34 @@ def link_regular(
     try:
         fd = open_regular(source.name, dir_fd=dfd)
     except (OSError, CorruptCheckpointError):
-        return False
-    finally:
         os.close(dfd)
+        return False
     try:
         if check is not None and not check(OpenedFile(fd)):
             return False
         tfd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            # a directory descriptor makes CPython call linkat(..., AT_SYMLINK_FOLLOW); with
-            # none it calls link(), which does not follow /proc's link (EXDEV)
-            os.link(f"{_PROC_FD}/{fd}", target.name, dst_dir_fd=tfd, follow_symlinks=True)
+            return _link_open(fd, dfd, source.name, tfd, target.name)
         finally:
             os.close(tfd)
     except OSError:
         return False
     finally:
         os.close(fd)
-    return True
+        os.close(dfd)
+
+
+def _link_open(fd: int, dfd: int, name: str, tfd: int, target: str) -> bool:
+    """Link the open file ``fd`` (named ``name`` in the directory ``dfd``) as ``target`` in
+    the directory ``tfd``; True when the new name is that very file."""
+    if os.path.isdir(_PROC_FD):
+        # a directory descriptor makes CPython call linkat(..., AT_SYMLINK_FOLLOW); with
+        # none it calls link(), which does not follow /proc's link (EXDEV)
+        os.link(f"{_PROC_FD}/{fd}", target, dst_dir_fd=tfd, follow_symlinks=True)
+        return True
+    os.link(name, target, src_dir_fd=dfd, dst_dir_fd=tfd, follow_symlinks=False)
+    mine, linked = os.fstat(fd), os.stat(target, dir_fd=tfd, follow_symlinks=False)
+    if (linked.st_dev, linked.st_ino) == (mine.st_dev, mine.st_ino):
+        return True
+    os.unlink(target, dir_fd=tfd)  # another file was put at the name meanwhile
+    return False

@@ -108,11 +108,13 @@ def shard_checksum(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> str:
 _checked: Memo[tuple[str, str], tuple[object, str]] = Memo(4096)
 """Files found (or written) with their recorded checksum, by (storage, file): the
 storage's fingerprint of the file then, and the checksum. While the fingerprint stays the
-same the file is not read again by this process."""
+same the file is not read again by this process, where that is trusted: always for a
+storage that copies by name (an object store's ETag), only with ``TRUST_MARKS`` for one
+that links what it checked (a local file's fingerprint cannot show a bad sector)."""
 
 RECHECK_EVERY = 8
-"""A frozen shard whose checksum its marks gave this many saves in a row is checksummed
-from its bytes again (a safety net for writes that no mark sees)."""
+"""With ``TRUST_MARKS``: a frozen shard whose checksum its marks gave this many saves in a
+row is checksummed from its bytes again (a safety net for writes that no mark sees)."""
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,9 @@ _steady: Memo[tuple[str, str], _Steady] = Memo(4096)  # (storage, shard file) ->
 
 
 class Reuser:
-    """Reuses the previous step's files for the shards of one save; ``marks`` are the
-    frozen parameters' :class:`Mark` taken when the save began."""
+    """Reuses the files of ``previous`` (the step to link from) for the shards of one save;
+    ``marks`` are the frozen parameters' :class:`Mark` taken when the save began (used only
+    with ``trust``: ``Incremental.TRUST_MARKS``)."""
 
     def __init__(
         self,

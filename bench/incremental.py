@@ -8,7 +8,11 @@ before each round. Every round saves the same state with each contender, in an o
 rotated from round to round, each durably (fsynced files and directories):
 
 - ``sk incremental``: ``Checkpointer(..., keep=KeepLatest(2))``, the default
-  (``Incremental.REUSE``): unchanged files of the previous step are hard-linked;
+  (``Incremental.REUSE``): unchanged files of an earlier step are hard-linked, each read
+  and checked first, the frozen shard hashed from the live tensors at every save (the
+  second save is written whole: a second copy that shares no data);
+- ``sk trust_marks``: the same with ``Incremental.TRUST_MARKS`` (marks and fingerprints
+  trusted: no hash, no read, where this process saw nothing change);
 - ``sk full``: the same with ``Incremental.WRITE_ALL``;
 - ``safetensors``: ``save_file`` of every tensor (model and Adam state) into a new file;
 - ``torch.save``: ``{"model": ..., "optim": ...}`` into a new file;
@@ -98,6 +102,9 @@ def contenders(
     """name -> save(step) returning the bytes it wrote."""
     state = {"model": model, "optim": opt}
     incremental = sk.Checkpointer(root / "sk-incremental", keep=sk.KeepLatest(2))
+    trusting = sk.Checkpointer(
+        root / "sk-trust", keep=sk.KeepLatest(2), incremental=sk.Incremental.TRUST_MARKS
+    )
     full = sk.Checkpointer(
         root / "sk-full", keep=sk.KeepLatest(2), incremental=sk.Incremental.WRITE_ALL
     )
@@ -141,6 +148,7 @@ def contenders(
 
     return {
         "sk incremental": sk_save(incremental),
+        "sk trust_marks": sk_save(trusting),
         "sk full": sk_save(full),
         "safetensors": in_new("safetensors", safetensors_save),
         "torch.save": in_new("torch", torch_save),

@@ -31,22 +31,25 @@ def test_an_unchanged_frozen_shard_is_linked_and_every_step_stays_whole(tmp_path
     state, adapter, opt = lora_state()
     infos = []
     with sk.Checkpointer(tmp_path) as ckpt:
-        for step in (1, 2, 3):
+        for step in (1, 2, 3, 4):
             lora_step(adapter, opt)
             infos.append(ckpt.save(step, state))
-    first, second, third = infos
+    first, second, third, fourth = infos
     assert first.written == first.bytes and first.reused_files == 0
-    assert second.reused_files == third.reused_files == 1
-    frozen = second.bytes - second.written
+    # the second save writes whole: the run then holds two copies that share no data
+    assert second.written == second.bytes and second.reused_files == 0
+    assert third.reused_files == fourth.reused_files == 1
+    frozen = third.bytes - third.written
     assert frozen > 256 * 256 * 4  # the frozen weight was not written again
     inodes = {
         s: {f.name: f.stat().st_ino for f in (tmp_path / f"step_{s:09d}").iterdir()}
-        for s in (1, 2, 3)
+        for s in (1, 2, 3, 4)
     }
     shared = [n for n in inodes[3] if inodes[3][n] == inodes[1].get(n)]
-    assert shared == ["tensors-00000.safetensors"]  # one file, three names
+    assert shared == ["tensors-00000.safetensors"]  # one file, two names
+    assert inodes[4]["tensors-00000.safetensors"] == inodes[2]["tensors-00000.safetensors"]
     assert manifest(tmp_path, 3)["reused"] == {
-        "tensors-00000.safetensors": "step_000000002/tensors-00000.safetensors"
+        "tensors-00000.safetensors": "step_000000001/tensors-00000.safetensors"
     }
     listed = {i.step: i for i in sk.list_checkpoints(tmp_path)}
     assert listed[3].written == third.written and listed[3].bytes == third.bytes
@@ -94,29 +97,50 @@ def test_a_damaged_previous_file_is_not_reused_but_written_anew(tmp_path: Path) 
     assert [s.ok for s in report.steps] == [False, True]  # step 2 did not inherit the damage
 
 
-def test_a_file_checked_once_is_trusted_while_it_is_unchanged(tmp_path: Path) -> None:
-    state, adapter, opt = lora_state()
+def _source_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records the file names whose bytes are read before they are linked."""
     reads: list[str] = []
-    storage = sk.LocalStorage(tmp_path)
-    real_read = storage.read
+    real = storage_files.OpenedFile.chunks
 
-    def read(entry: str, name: str) -> Any:
-        reads.append(f"{entry}/{name}")
-        return real_read(entry, name)
+    def chunks(self: storage_files.OpenedFile, size: int = 16 << 20) -> Any:
+        reads.append(os.path.basename(os.readlink(f"/proc/self/fd/{self._fd}")))
+        return real(self, size)
 
-    storage.read = read  # type: ignore[method-assign]
-    for step in (1, 2, 3):
-        lora_step(adapter, opt)
-        sk.save(storage, state, step=step)
-    tensor_reads = [r for r in reads if r.endswith(".safetensors")]
-    assert tensor_reads == []  # written by this process: its bytes are those it hashed
-    incremental._checked.clear()  # a new process: the file is read once, then trusted
-    for step in (4, 5):
-        lora_step(adapter, opt)
-        sk.save(storage, state, step=step)
-    assert [r for r in reads if r.endswith(".safetensors")] == [
-        "step_000000003/tensors-00000.safetensors"
-    ]
+    monkeypatch.setattr(storage_files.OpenedFile, "chunks", chunks)
+    return reads
+
+
+def test_every_linked_file_is_read_and_checked_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = _source_reads(monkeypatch)
+    state, adapter, opt = lora_state()
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1)) as ckpt:
+        for step in (1, 2, 3):
+            lora_step(adapter, opt)
+            ckpt.save(step, state)
+    # written by this process, unchanged since: read all the same (a bad sector changes
+    # nothing a fingerprint shows)
+    assert reads == ["tensors-00000.safetensors"] * 2
+
+
+def test_trust_marks_trusts_a_file_checked_once_while_it_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = _source_reads(monkeypatch)
+    trusting = sk.Incremental.TRUST_MARKS
+    state, adapter, opt = lora_state()
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), incremental=trusting) as ckpt:
+        for step in (1, 2, 3):
+            lora_step(adapter, opt)
+            ckpt.save(step, state)
+        assert reads == []  # written by this process: its bytes are those it hashed
+        incremental._checked.clear()  # a new process: the file is read once, then trusted
+        for step in (4, 5):
+            lora_step(adapter, opt)
+            ckpt.save(step, state)
+    assert reads == ["tensors-00000.safetensors"]
+    assert sk.verify(tmp_path).ok
 
 
 def test_write_all_writes_every_file(tmp_path: Path) -> None:
@@ -142,33 +166,30 @@ def test_background_saves_reuse_too(tmp_path: Path) -> None:
     assert sk.verify(tmp_path).ok
 
 
-def test_without_hard_links_the_file_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def no_links(*args: Any, **kwargs: Any) -> None:
-        raise OSError(errno.EPERM, "Operation not permitted (a file system without links)")
-
+def _two_steps(run: Path) -> tuple[dict[str, Any], Any, Any]:
+    """A LoRA state saved as steps 1 and 2 (both written whole): step 3 links from step 1."""
     state, adapter, opt = lora_state()
-    sk.save(tmp_path, state, step=1)
-    monkeypatch.setattr(storage_files.os, "link", no_links)
-    lora_step(adapter, opt)
-    info = sk.save(tmp_path, state, step=2)
-    assert info.reused_files == 0 and info.written == info.bytes
-    assert sk.verify(tmp_path).ok
+    for step in (1, 2):
+        lora_step(adapter, opt)
+        sk.save(run, state, step=step)
+    return state, adapter, opt
 
 
-def test_a_link_that_fails_otherwise_aborts_the_save_and_names_the_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "code", [errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOENT, errno.EIO, errno.ENOSPC]
+)
+def test_a_link_that_fails_for_any_reason_writes_the_file(
+    code: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(*args: Any, **kwargs: Any) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+        raise OSError(code, os.strerror(code))
 
-    state, _, _ = lora_state()
-    sk.save(tmp_path, state, step=1)
+    state, adapter, opt = _two_steps(tmp_path)
     monkeypatch.setattr(storage_files.os, "link", broken)
-    with pytest.raises(sk.StorageError, match=r"linking .*tensors-00000.safetensors"):
-        sk.save(tmp_path, state, step=2)
-    assert [i.step for i in sk.list_checkpoints(tmp_path)] == [1]
+    lora_step(adapter, opt)
+    info = sk.save(tmp_path, state, step=3)
+    assert info.reused_files == 0 and info.written == info.bytes
+    assert sk.verify(tmp_path).ok
     assert sk.list_partial(tmp_path) == []
 
 
@@ -216,19 +237,24 @@ def _checksums(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
     return calls
 
 
-def test_a_frozen_shard_whose_tensors_did_not_move_is_not_checksummed_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("mode", [sk.Incremental.REUSE, sk.Incremental.TRUST_MARKS])
+def test_a_frozen_shard_is_hashed_at_every_save_unless_marks_are_trusted(
+    mode: sk.Incremental, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _checksums(monkeypatch)
     state, adapter, opt = lora_state()
-    with sk.Checkpointer(tmp_path, async_save=True) as ckpt:  # marks taken in the caller
-        for step in (1, 2, 3, 4):
+    keep = sk.KeepLatest(1)
+    with sk.Checkpointer(tmp_path, keep=keep, async_save=True, incremental=mode) as ckpt:
+        for step in (1, 2, 3, 4):  # marks taken in the caller
             lora_step(adapter, opt)
             ckpt.save(step, state)
         ckpt.wait()
     frozen = [c for c in calls if "model/base.weight" in c]
-    assert frozen == []  # its marks from step 1 on: the checksum is known without hashing
-    assert all(i.reused_files == 1 for i in sk.list_checkpoints(tmp_path)[1:])
+    if mode is sk.Incremental.REUSE:
+        assert len(frozen) == 3  # the proof that the bytes are equal, at every save
+    else:
+        assert frozen == []  # its marks from step 1 on: the checksum is known without hashing
+    assert sk.list_checkpoints(tmp_path)[-1].reused_files == 1
     assert sk.verify(tmp_path).ok
 
 
@@ -308,12 +334,14 @@ def test_a_frozen_tensor_that_others_view_is_checksummed_every_time(
     holder.frozen = torch.nn.Parameter(frozen, requires_grad=False)
     holder.part = torch.nn.Parameter(frozen.data[:16])  # trainable, viewing the frozen one
     opt = torch.optim.SGD([holder.part], lr=1.0)
-    for step in (1, 2, 3):
+    for step in (1, 2, 3, 4):
         holder.part.sum().backward()
         opt.step()
         opt.zero_grad()
-        sk.save(tmp_path, {"model": holder, "optim": opt}, step=step)
-    assert len([c for c in calls if "model/frozen" in c]) == 2  # saves 2 and 3: no mark used
+        trusting = sk.Incremental.TRUST_MARKS
+        sk.save(tmp_path, {"model": holder, "optim": opt}, step=step, incremental=trusting)
+    # saves 3 and 4 (save 2 writes whole: nothing to link from): no mark used
+    assert len([c for c in calls if "model/frozen" in c]) == 2
     assert torch.equal(sk.read(tmp_path)["model"]["frozen"], holder.frozen)
 
 
@@ -322,7 +350,8 @@ def test_a_frozen_shard_is_checksummed_from_its_bytes_again_now_and_then(
 ) -> None:
     calls = _checksums(monkeypatch)
     state, adapter, opt = lora_state()
-    with sk.Checkpointer(tmp_path) as ckpt:
+    trusting = sk.Incremental.TRUST_MARKS
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), incremental=trusting) as ckpt:
         for step in range(1, incremental.RECHECK_EVERY + 3):
             lora_step(adapter, opt)
             ckpt.save(step, state)

@@ -195,14 +195,14 @@ def test_piped_output_never_folds_a_name_mid_word(tmp_path: Path) -> None:
 def test_ls_and_inspect_show_what_an_incremental_save_wrote(invoke: Invoke, tmp_path: Path) -> None:
     run = tmp_path / "run"
     frozen = torch.arange(4096, dtype=torch.float32)
-    statekeeper.save(run, {"frozen": frozen}, step=1)
-    statekeeper.save(run, {"frozen": frozen}, step=2)  # nothing changed: all of it reused
+    for step in (1, 2, 3):  # step 2 is written whole: a second copy that shares no data
+        statekeeper.save(run, {"frozen": frozen}, step=step)  # step 3: all of it reused
     result = invoke("ls", run, "--json")
     assert result.exit_code == 0, result.output
     listed = {c["step"]: c for c in json.loads(result.stdout)["checkpoints"]}
     assert listed[1]["written"] == listed[1]["bytes"] and listed[1]["reused_files"] == 0
-    manifest = (run / "step_000000002" / "manifest.json").stat().st_size
-    assert listed[2]["written"] == manifest and listed[2]["reused_files"] == 1
+    manifest = (run / "step_000000003" / "manifest.json").stat().st_size
+    assert listed[3]["written"] == manifest and listed[3]["reused_files"] == 1
     table = invoke("ls", run).stdout
     assert "written" in table and "all" in table
     data = _json(invoke, run)

@@ -83,8 +83,9 @@ class Checkpointer:
     retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
 
     ``incremental`` (single-process saves): with ``Incremental.REUSE``, the default, a tensor
-    file identical to one of the previous step is hard-linked (or copied by the object
-    store), not written again (see ``docs/incremental.md``).
+    file identical to one of an earlier step is hard-linked (or copied by the object
+    store), not written again, and never so that every step ``keep`` keeps shares the
+    same copy (see ``docs/incremental.md``).
 
     ``origin``: how much each manifest records about where it was written (see
     :func:`statekeeper.save`; ``None``: ``STATEKEEPER_ORIGIN``, else ``Origin.REDACTED``).
@@ -128,7 +129,9 @@ class Checkpointer:
         self._damaged: set[int] = set()  # skipped by restore_latest: saved again, set aside
         self.every = every
         self.rng = RNGState(generators)
-        self._options = SaveOptions(shard_bytes=shard_bytes, incremental=incremental, origin=origin)
+        self._options = SaveOptions(
+            shard_bytes=shard_bytes, incremental=incremental, origin=origin, retention=keep
+        )
         self._clock = clock
         self._stack = ExitStack()
         if self._leader:

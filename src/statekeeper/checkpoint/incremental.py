@@ -1,18 +1,20 @@
-"""Incremental saves: a shard that is byte for byte a file of the previous step is reused.
+"""Incremental saves: a shard that is byte for byte a file of an earlier step is reused.
 
-Before a shard is written, its checksum is computed from memory (the same xxh3-128 over the
-same bytes the file would hold: header and tensor data, about 0.09 s per GiB, no write) if
-the previous committed step has a file of exactly its size. When a file of that step has
-that checksum, and its own bytes on the storage still have it (checked once per file per
-process: see :class:`Reuser`), the new step gets the file through the storage's ``reuse``
-(a hard link, a server-side copy) instead of a write. The new step's manifest records the
-file as usual (same size, same checksum) and, in ``reused``, where it came from; readers
-see an ordinary file and need nothing new.
+Before a shard is written, its checksum is computed from the live tensors (the same xxh3-128
+over the same bytes the file would hold: header and tensor data, about 0.09 s per GiB, no
+write) if the step it may reuse from (:mod:`statekeeper.checkpoint.independence` chooses it)
+has a file of exactly its size. When a file of that step has that checksum, the new step
+gets the file through the storage's ``reuse`` (a hard link, a server-side copy) instead of a
+write, but only once the file's own bytes were checked against that checksum: locally, read
+through the very descriptor that is then linked (:class:`Reuser`), so a damaged file or one
+swapped in at the name is never linked. The new step's manifest records the file as usual
+(same size, same checksum) and, in ``reused``, where it came from; readers see an ordinary
+file and need nothing new.
 
 Every step stays complete: a hard link is a second name of the same data, so deleting any
 step (retention) never removes a file another step names. A storage without ``reuse``, a
-file system without hard links, or a previous step whose manifest cannot be read only
-means the shard is written.
+file system without hard links, a link that fails for any reason, or a step whose manifest
+cannot be read only means the shard is written.
 """
 
 from __future__ import annotations
@@ -20,31 +22,49 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 
 import torch
 
 from statekeeper.checkpoint.location import Location, committed
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.marks import Mark, Memo
+from statekeeper.checkpoint.naming import ParsedEntry
 from statekeeper.errors import StatekeeperError
 from statekeeper.format.checksum import Hasher, matches
 from statekeeper.format.manifest import FileRecord
 from statekeeper.format.safetensors_io import ShardLayout, stream
-from statekeeper.storage.base import FileWriter, Storage, fingerprint_of, reuser_of
+from statekeeper.storage.base import (
+    FileWriter,
+    Opened,
+    Storage,
+    checked_reuser_of,
+    fingerprint_of,
+    reuser_of,
+)
 
-__all__ = ["Incremental", "Previous", "Reuser", "previous_step", "shard_checksum"]
+__all__ = ["Incremental", "Previous", "Reuser", "previous_step", "shard_checksum", "step_files"]
 
 
 class Incremental(StrEnum):
-    """Whether a save reuses the files of the previous step that it would write again.
+    """Whether a save reuses the files of an earlier step that it would write again.
 
-    - ``REUSE``: a shard identical to a file of the previous committed step is linked (or
-      copied by the store) instead of written;
+    - ``REUSE``: a shard identical to a file of an earlier committed step is linked (or
+      copied by the store) instead of written. Identity is proved at every save: the
+      shard's checksum is computed from the live tensors, and the file's own bytes are read
+      through the descriptor that is then linked and checked against that checksum;
+    - ``TRUST_MARKS``: ``REUSE`` that skips both proofs where this process saw nothing
+      change: a frozen shard whose parameters kept their marks is not hashed (a write that
+      no version counter sees and the sampled bytes miss is then saved stale, for up to
+      ``RECHECK_EVERY - 1`` saves), and a file this process wrote or checked is not read
+      again while its fingerprint (device, inode, size, modification time) holds (a bad
+      sector, or an edit that puts the modification time back, is then linked unseen);
     - ``WRITE_ALL``: every shard is written (a save that must not share data with another
       step, or a storage whose hard links are unwelcome).
     """
 
     REUSE = "reuse"
+    TRUST_MARKS = "trust_marks"
     WRITE_ALL = "write_all"
 
 
@@ -61,11 +81,14 @@ def previous_step(storage: Storage, step: int) -> Previous | None:
     """The newest committed step other than ``step``, with its files; None when there is
     none or its manifest cannot be read (nothing is reused then)."""
     others = [p for p in committed(storage) if p.step != step]
-    if not others:
-        return None
-    entry = others[-1].name
+    return step_files(storage, others[-1]) if others else None
+
+
+def step_files(storage: Storage, parsed: ParsedEntry) -> Previous | None:
+    """The files of the committed step ``parsed``; None when its manifest cannot be read."""
+    entry = parsed.name
     try:
-        manifest = read_manifest(Location(storage, entry, others[-1].step))
+        manifest = read_manifest(Location(storage, entry, parsed.step))
     except (OSError, StatekeeperError):
         return None
     by_size: dict[int, list[str]] = {}
@@ -85,11 +108,13 @@ def shard_checksum(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> str:
 _checked: Memo[tuple[str, str], tuple[object, str]] = Memo(4096)
 """Files found (or written) with their recorded checksum, by (storage, file): the
 storage's fingerprint of the file then, and the checksum. While the fingerprint stays the
-same the file is not read again by this process."""
+same the file is not read again by this process, where that is trusted: always for a
+storage that copies by name (an object store's ETag), only with ``TRUST_MARKS`` for one
+that links what it checked (a local file's fingerprint cannot show a bad sector)."""
 
 RECHECK_EVERY = 8
-"""A frozen shard whose checksum its marks gave this many saves in a row is checksummed
-from its bytes again (a safety net for writes that no mark sees)."""
+"""With ``TRUST_MARKS``: a frozen shard whose checksum its marks gave this many saves in a
+row is checksummed from its bytes again (a safety net for writes that no mark sees)."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +133,9 @@ _steady: Memo[tuple[str, str], _Steady] = Memo(4096)  # (storage, shard file) ->
 
 
 class Reuser:
-    """Reuses the previous step's files for the shards of one save; ``marks`` are the
-    frozen parameters' :class:`Mark` taken when the save began."""
+    """Reuses the files of ``previous`` (the step to link from) for the shards of one save;
+    ``marks`` are the frozen parameters' :class:`Mark` taken when the save began (used only
+    with ``trust``: ``Incremental.TRUST_MARKS``)."""
 
     def __init__(
         self,
@@ -118,10 +144,13 @@ class Reuser:
         previous: Previous | None,
         marks: Mapping[str, Mark | None],
         shared: Collection[str] = (),
+        trust: bool = False,
     ) -> None:
         self._storage = storage
         self._previous = previous
         self._reuse = reuser_of(files)
+        self._checked_reuse = checked_reuser_of(files)
+        self._trust = trust  # Incremental.TRUST_MARKS
         # a tensor whose storage other tensors of the state view (an alias base) has no
         # sound mark: a write through one of those views moves no counter of its own
         self._marks = {n: m for n, m in marks.items() if n not in shared}
@@ -136,7 +165,7 @@ class Reuser:
     def _known_checksum(self, name: str, names: tuple[str, ...], size: int) -> str | None:
         """The checksum of the shard ``name`` when its frozen tensors kept their marks since
         this process saved it last (same names, same size)."""
-        marks = self._marked(names)
+        marks = self._marked(names) if self._trust else None
         known = _steady.get((self._storage.describe(), name))
         if marks is None or known is None or (known.names, known.size) != (names, size):
             return None
@@ -156,11 +185,26 @@ class Reuser:
     def _key(self, entry: str, name: str) -> tuple[str, str]:
         return (self._storage.describe(), f"{entry}/{name}")
 
+    def _verified(self, entry: str, name: str, record: FileRecord, opened: Opened) -> bool:
+        """Whether the opened file (the one about to be linked) has ``record``'s size and
+        checksum: its bytes are read, unless ``trust`` and this process wrote or checked it
+        with the same fingerprint. An unreadable file raises ``OSError`` (not linked)."""
+        key = self._key(entry, name)
+        if self._trust and _checked.get(key) == (opened.fingerprint(), record.checksum):
+            return True
+        hasher = Hasher()
+        for chunk in opened.chunks():
+            hasher.update(chunk)
+        ok = (hasher.size, hasher.hexdigest()) == (record.size, record.checksum)
+        if ok:
+            _checked.set(key, (opened.fingerprint(), record.checksum))
+        return ok
+
     def _intact(self, entry: str, name: str, record: FileRecord) -> bool:
-        """Whether the stored file still has its recorded checksum. Its bytes are read
-        unless this process wrote or checked the file before and the storage's fingerprint
-        of it (inode, size, modification time; an ETag) has not changed since: a file
-        rewritten or replaced is always read again."""
+        """For a storage that cannot link what it checked (an object store's copy by name):
+        whether the stored file still has its recorded checksum. Its bytes are read unless
+        this process wrote or checked the file before and the storage's fingerprint of it
+        (an ETag: new with every write) has not changed since."""
         mark = fingerprint_of(self._storage, entry, name)
         if mark is not None and _checked.get(self._key(entry, name)) == (mark, record.checksum):
             return True
@@ -217,9 +261,17 @@ class Reuser:
         entry = self._previous.entry
         for source in self._candidates(name, record.size):
             found = self._previous.files[source]
-            if found.checksum != record.checksum or not self._intact(entry, source, found):
+            if found.checksum != record.checksum:
                 continue
-            if not self._reuse(name, entry, source):
+            if self._checked_reuse is not None:
+                # checked through the descriptor that is linked: never a file swapped in at
+                # the name; any failure (gone, damaged, another device) means: write it
+                check = partial(self._verified, entry, source, found)
+                if not self._checked_reuse(name, entry, source, check):
+                    continue
+            elif not self._intact(entry, source, found):
+                continue
+            elif not self._reuse(name, entry, source):
                 return None  # the storage cannot here: write it
             self.reused[name] = f"{entry}/{source}"
             return record

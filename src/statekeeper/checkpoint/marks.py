@@ -3,8 +3,10 @@
 - :class:`Mark`: a frozen parameter as a save found it: its storage (the live storage
   object itself, weakly held: a new storage at a freed one's address is another object),
   where in it, its dtype, shape and strides, its version counter (moved by every in-place
-  write) and a hash of 16 spread-out 4 KiB samples of its bytes. A frozen shard whose
-  tensors keep their marks since the last save holds the bytes checksummed then.
+  write) and a hash of 16 spread-out 4 KiB samples of its bytes. With
+  ``Incremental.TRUST_MARKS``, a frozen shard whose tensors keep their marks since the last
+  save is taken to hold the bytes checksummed then (a sparse write that no counter sees
+  and the samples miss is not seen: the default hashes the live bytes instead).
 - :func:`steady_names`: the tensors whose storage, layout and version counter did not move
   since the last save, grouped into shards of their own.
 - :class:`Memo`: a small, bounded, thread-safe map for what is remembered (upload threads

@@ -13,6 +13,7 @@ from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
 from statekeeper.checkpoint.origin import library_versions, origin
 from statekeeper.checkpoint.origin_level import Origin, origin_level
+from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
@@ -61,6 +62,8 @@ class SaveOptions:
     - ``origin``: how much the manifest's ``origin`` records
       (:class:`~statekeeper.checkpoint.origin_level.Origin`); ``None``: ``STATEKEEPER_ORIGIN``,
       else ``Origin.REDACTED``, read when the manifest is written.
+    - ``retention``: the policy applied after the save (None: every step stays); an
+      incremental save links only where a step that stays keeps an independent copy.
     """
 
     overwrite: bool = False
@@ -72,6 +75,7 @@ class SaveOptions:
     marks: Mapping[str, Mark | None] = field(default_factory=dict)
     steady: frozenset[str] = frozenset()
     origin: Origin | None = None
+    retention: Retention | None = None
 
     def __post_init__(self) -> None:
         origin_level(self.origin)  # a wrong argument, or a wrong STATEKEEPER_ORIGIN, now

@@ -144,13 +144,14 @@ def _grouped(storage: Storage, prepared: Prepared, options: SaveOptions) -> Save
     """``options`` with what an incremental save remembers, taken from the tensors it will
     write (live ones, before any staging): the tensors unchanged since the last save
     (``steady``), and the marks of the frozen ones."""
-    if options.incremental is not Incremental.REUSE:
+    if options.incremental is Incremental.WRITE_ALL:
         return options
     stored = prepared.stored
+    trusted = options.incremental is Incremental.TRUST_MARKS  # marks skip hashing only then
     return replace(
         options,
         steady=steady_names(storage, stored),
-        marks=frozen_marks(stored, options.frozen),
+        marks=frozen_marks(stored, options.frozen) if trusted else {},
     )
 
 
@@ -252,7 +253,7 @@ def save(
     written so far.
 
     ``incremental=Incremental.REUSE`` (the default, single-process saves): a tensor file
-    identical to a file of the previous committed step is hard-linked (or copied by the
+    identical to a file of an earlier committed step is hard-linked (or copied by the
     object store) instead of written; ``CheckpointInfo.written`` says what was written.
 
     ``origin`` (an :class:`Origin`) is how much the manifest records about where the step was

@@ -13,7 +13,8 @@ import torch
 
 from statekeeper.arguments import require_mapping
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.incremental import Incremental, Reuser, previous_step
+from statekeeper.checkpoint.incremental import Incremental, Reuser
+from statekeeper.checkpoint.independence import link_source
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import committed, validate_step
 from statekeeper.checkpoint.naming import step_entry
@@ -211,10 +212,15 @@ def commit(
     txn: Transaction | None = None
     try:
         txn = storage.begin(entry, replace=exists)
-        reuse = options.incremental is Incremental.REUSE
-        previous = previous_step(storage, step) if reuse else None
+        mode = options.incremental
+        previous = (
+            None
+            if mode is Incremental.WRITE_ALL
+            else link_source(storage, step, options.retention, prepared.metrics)
+        )
         shared = {alias.base for alias in prepared.aliases.values()}
-        reuser = Reuser(storage, txn, previous, options.marks, shared)
+        trust = mode is Incremental.TRUST_MARKS
+        reuser = Reuser(storage, txn, previous, options.marks, shared, trust)
         for file, members, lay in planned:
             record = reuser.try_reuse(file, members, lay)
             if record is None:

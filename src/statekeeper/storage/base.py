@@ -21,7 +21,16 @@ file ``name`` of the in-progress entry becomes the committed ``entry``'s file ``
 without its bytes passing through this process: a hard link on a local file system (the
 data stays alive while any entry names it; removing one entry never damages another), a
 server-side copy on an object store. It returns False where the backend cannot do that
-here (the caller then writes the file).
+here (the caller then writes the file). A writer whose backend can open the source once
+and link that very file also has ``reuse_checked(name, entry, source, check)``
+(:func:`checked_reuser_of`): ``check`` looks at the opened source (:class:`Opened`: its
+fingerprint, its bytes) and the link is made only when it returns True, so that what is
+linked is what was checked, whatever is put at the source's name meanwhile.
+
+A storage may also have ``identity(entry, name)`` (optional: :func:`identity_of`): the same
+value for two names of one stored copy (local hard links), so that a damage to one is a
+damage to both; a backend whose reuse makes an independent copy (an object store's copy)
+has none.
 
 A storage may also have ``fingerprint(entry, name)`` (optional: :func:`fingerprint_of`):
 something that changes whenever the file's bytes are replaced or rewritten in place (local:
@@ -37,14 +46,18 @@ from __future__ import annotations
 
 import mmap
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 __all__ = [
     "Capabilities",
+    "CheckedReuse",
+    "Opened",
     "capabilities_of",
+    "checked_reuser_of",
+    "identity_of",
     "EntryWriter",
     "FileWriter",
     "Reuse",
@@ -129,6 +142,38 @@ class Reuse(Protocol):
     """A writer's optional ``reuse`` method (see the module docstring)."""
 
     def __call__(self, name: str, entry: str, source: str) -> bool: ...
+
+
+class Opened(Protocol):
+    """A stored file opened once, as ``reuse_checked`` shows it to its ``check``."""
+
+    def fingerprint(self) -> object:
+        """What ``Storage.fingerprint`` would say of this very file."""
+        ...
+
+    def chunks(self) -> Iterator[memoryview]:
+        """Its bytes, front to back (each piece valid until the next is asked for)."""
+        ...
+
+
+class CheckedReuse(Protocol):
+    """A writer's optional ``reuse_checked`` method (see the module docstring)."""
+
+    def __call__(
+        self, name: str, entry: str, source: str, check: Callable[[Opened], bool] | None
+    ) -> bool: ...
+
+
+def checked_reuser_of(files: object) -> CheckedReuse | None:
+    """``files.reuse_checked`` where the writer has one."""
+    found = getattr(files, "reuse_checked", None)
+    return found if callable(found) else None
+
+
+def identity_of(storage: object, entry: str, name: str) -> object | None:
+    """``storage.identity(entry, name)`` where the backend has one, else None."""
+    method = getattr(storage, "identity", None)
+    return method(entry, name) if callable(method) else None
 
 
 def reuser_of(files: object) -> Reuse | None:

@@ -24,11 +24,13 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from statekeeper.errors import CorruptCheckpointError
 
 __all__ = [
+    "OpenedFile",
     "fsync_dir",
     "link_regular",
     "NAME_RULE",
@@ -147,22 +149,84 @@ def regular_size(
     return info.st_size
 
 
-_CANNOT_LINK = frozenset(
-    {errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
-)
+class OpenedFile:
+    """A regular file opened once (read-only, never through a link): what a check before a
+    link may look at. Both views go through the one descriptor, so the bytes checked are
+    those of the inode that is then linked, whatever happens to its name meanwhile."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fingerprint(self) -> tuple[int, int, int, int]:
+        """(device, inode, size, modification time), as ``LocalStorage.fingerprint`` gives."""
+        st = os.fstat(self._fd)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def chunks(self, size: int = 16 << 20) -> Iterator[memoryview]:
+        """The file's bytes, front to back, in pieces read into one reused buffer (each
+        piece valid until the next is asked for). Read, not mapped: an unreadable sector is
+        an ``OSError`` here, not a ``SIGBUS``."""
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        offset = 0
+        while n := os.preadv(self._fd, [view], offset):
+            offset += n
+            yield view[:n]
 
 
-def link_regular(source: Path, target: Path) -> bool:
-    """Hard-link the regular file ``source`` as ``target``; False where the file system
-    cannot (no hard links there, another device, too many links). ``source`` must be a
-    regular file (a link or device is refused: ``CorruptCheckpointError``)."""
-    mode = os.lstat(source).st_mode
-    if not stat.S_ISREG(mode):
-        raise _refuse(str(source), file_kind(mode))
+_PROC_FD = "/proc/self/fd"
+
+
+def link_regular(
+    source: Path, target: Path, check: Callable[[OpenedFile], bool] | None = None
+) -> bool:
+    """Hard-link the regular file ``source`` as ``target``, by its descriptor: ``source`` is
+    opened once (``O_NOFOLLOW``, in its own directory opened without following links),
+    ``check`` (when given) looks at it through that descriptor, and that very inode is
+    linked: ``linkat`` of ``/proc/self/fd/N`` with ``AT_SYMLINK_FOLLOW`` (no privilege
+    needed). Without ``/proc`` (macOS, a container without it) the name is linked and the
+    link kept only when it is the inode that was checked. A file put at ``source``'s name
+    after it was opened is never linked.
+
+    False, and nothing at ``target``, whenever the link is not made for any reason: the
+    source is gone (deleted before or after it was opened), is not a regular file, fails
+    ``check``, or the file system cannot link it (another device, too many links, no hard
+    links). The caller then writes the file itself."""
     try:
-        os.link(source, target, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno in _CANNOT_LINK:
+        dfd = open_directory(source.parent)
+    except (OSError, CorruptCheckpointError):
+        return False
+    try:
+        fd = open_regular(source.name, dir_fd=dfd)
+    except (OSError, CorruptCheckpointError):
+        os.close(dfd)
+        return False
+    try:
+        if check is not None and not check(OpenedFile(fd)):
             return False
-        raise
-    return True
+        tfd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return _link_open(fd, dfd, source.name, tfd, target.name)
+        finally:
+            os.close(tfd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.close(dfd)
+
+
+def _link_open(fd: int, dfd: int, name: str, tfd: int, target: str) -> bool:
+    """Link the open file ``fd`` (named ``name`` in the directory ``dfd``) as ``target`` in
+    the directory ``tfd``; True when the new name is that very file."""
+    if os.path.isdir(_PROC_FD):
+        # a directory descriptor makes CPython call linkat(..., AT_SYMLINK_FOLLOW); with
+        # none it calls link(), which does not follow /proc's link (EXDEV)
+        os.link(f"{_PROC_FD}/{fd}", target, dst_dir_fd=tfd, follow_symlinks=True)
+        return True
+    os.link(name, target, src_dir_fd=dfd, dst_dir_fd=tfd, follow_symlinks=False)
+    mine, linked = os.fstat(fd), os.stat(target, dir_fd=tfd, follow_symlinks=False)
+    if (linked.st_dev, linked.st_ino) == (mine.st_dev, mine.st_ino):
+        return True
+    os.unlink(target, dir_fd=tfd)  # another file was put at the name meanwhile
+    return False

@@ -30,6 +30,7 @@ from statekeeper.storage.commit import (
     set_aside,
 )
 from statekeeper.storage.files import (
+    OpenedFile,
     check_name,
     fsync_dir,
     link_regular,
@@ -165,13 +166,20 @@ class _LocalFiles(EntryWriter):
 
     def reuse(self, name: str, entry: str, source: str) -> bool:
         """Hard-link ``entry/source`` (durable already) as ``name``; the entry's commit makes
-        the new name durable. False where the file system has no hard links."""
+        the new name durable. False when the link is not made, for any reason (see
+        :meth:`reuse_checked`): the caller writes the file."""
+        return self.reuse_checked(name, entry, source, None)
+
+    def reuse_checked(
+        self, name: str, entry: str, source: str, check: Callable[[OpenedFile], bool] | None
+    ) -> bool:
+        """:meth:`reuse`, linking ``entry/source`` by its descriptor only after ``check``
+        passed on what that descriptor reads (:func:`~statekeeper.storage.files.link_regular`):
+        a file put at the name meanwhile is never linked, a file deleted meanwhile, one that
+        fails ``check``, another device or too many links give False."""
         src = self._root / check_name(str(self._root), entry) / check_name(entry, source)
         target = self._path / check_name(str(self._path), name)
-        try:
-            return link_regular(src, target)
-        except OSError as exc:
-            raise write_failure(exc, f"linking {target} to {src}") from exc
+        return link_regular(src, target, check)
 
 
 class _LocalTransaction(_LocalFiles):
@@ -280,6 +288,15 @@ class LocalStorage:
         except OSError:
             return None
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def identity(self, entry: str, name: str) -> object | None:
+        """(device, inode): the same for two names of one file (hard links share their data,
+        so a damage to one is a damage to all); None when it cannot be told."""
+        try:
+            st = os.stat(self.root / entry / name, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
 
     def begin(self, entry: str, *, replace: bool = False) -> _LocalTransaction:
         return _LocalTransaction(self.root, entry, replace)

@@ -112,9 +112,10 @@ def carry_worker_rng(loader: Any) -> None:
     loader.worker_init_fn = _CarryRNG(loader.worker_init_fn)
     if getattr(loader, "_initial_iter_for_state_dict", False):
         # an iterator that a state_dict() call built before the first batch (Accelerate's
-        # prepare does) started its workers without the hook: the next iter() builds it
-        # again from its own state (the same seeds, the same position: the start)
-        loader.load_state_dict(loader.state_dict())
+        # prepare does) started its workers without the hook: dropped, unused, so that the
+        # first iter() builds one (torchdata's own attributes: it has no public way)
+        loader._initial_iter_for_state_dict = False
+        loader._iterator = None
 
 
 def carries_worker_rng(loader: Any) -> bool:

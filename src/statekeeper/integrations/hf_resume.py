@@ -6,17 +6,22 @@ applied."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from statekeeper.checkpoint.load import Strict, load
-from statekeeper.errors import CorruptCheckpointError
-from statekeeper.integrations import hf_layout
+from statekeeper.checkpoint.location import locate
+from statekeeper.checkpoint.manifests import read_manifest
+from statekeeper.distributed.per_rank import PerRank
+from statekeeper.errors import CorruptCheckpointError, KeyMismatchError
+from statekeeper.integrations import hf_layout, hf_loader
 from statekeeper.integrations.held import DeferredRNG
 
 __all__ = ["ARGS_JSON", "LoadedCheckpoint", "ours", "verify_folder"]
 
 ARGS_JSON = "training_args.json"  # written by the integration, never by the plain Trainer
+EXTRA = "extra."  # the entries of extra_state=: extra.<name>
 
 
 def _has_step(path: Path) -> bool:
@@ -51,22 +56,30 @@ def verify_folder(folder: Path) -> None:
 
 
 class LoadedCheckpoint:
-    """The verified contents of one ``checkpoint-N``; ``take`` hands each piece out once."""
+    """The verified contents of one ``checkpoint-N``; ``take`` hands each piece out once.
+    The objects of ``extra`` (``extra_state=``) are restored in place here."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, extra: Mapping[str, Any] | None = None) -> None:
         self.folder = folder
         self.rng = DeferredRNG()
+        self.rng_early = False  # restored before the first batch: the Trainer's call skips
+        self.loader = hf_loader.Held()
         self.state: dict[str, Any] = {
             "optimizer": {},
             "scheduler": {},
             "scaler": {},
             "files": {},
             "rng": self.rng,
+            "loader": PerRank(self.loader),
         }
-        # every byte of the step is verified before anything is assigned; then the
-        # folder's other files against the checksums the step recorded
-        load(folder, self.state, strict=Strict.ALLOW_MISSING)
+        extras = {f"{EXTRA}{k}": v for k, v in (extra or {}).items()}
+        _check_extra(folder, set(extras))
+        # every byte of the step is verified before anything is assigned (the extra
+        # objects, restored in place, included); then the folder's other files against
+        # the checksums the step recorded
+        load(folder, {**self.state, **extras}, strict=Strict.ALLOW_MISSING)
         hf_layout.verify_files(folder, self.state.pop("files"))
+        self.state.pop("loader")
 
     def take(self, name: str) -> Any:
         """The saved state of ``name`` (``optimizer``, ``scheduler``, ``scaler``), once: the
@@ -74,8 +87,29 @@ class LoadedCheckpoint:
         value = self.state.pop(name, None)
         return value or None
 
+    def take_loader(self) -> dict[str, Any] | None:
+        """The training loader's saved state (this rank's), once (None when absent)."""
+        saved, self.loader.saved = self.loader.saved, None
+        return saved
+
     def restore_rng(self) -> None:
         """Set the generators to the saved states, once."""
         self.rng.apply()
         self.rng.saved = None
         self.state.pop("rng", None)
+
+
+def _check_extra(folder: Path, given: set[str]) -> None:
+    """The extra_state given and the one saved name the same objects."""
+    manifest = read_manifest(locate(folder, None))
+    state = manifest.state if isinstance(manifest.state, Mapping) else {}
+    saved = {k for k in state if k.startswith(EXTRA)}
+    if saved == given:
+        return
+    problems = [f"{k[len(EXTRA) :]!r}: missing from the checkpoint" for k in sorted(given - saved)]
+    problems += [f"{k[len(EXTRA) :]!r}: saved, not given" for k in sorted(saved - given)]
+    raise KeyMismatchError(
+        [f"{folder} extra_state {p}" for p in problems],
+        "pass StatekeeperTrainer(extra_state=...) the objects this checkpoint-N was saved with "
+        "(the same names), or resume from a checkpoint-N saved with these",
+    )

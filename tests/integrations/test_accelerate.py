@@ -118,3 +118,24 @@ def test_a_killed_two_process_job_resumes_each_rank_from_its_own_state(tmp_path:
     assert job(project, tmp_path / "resumed.st", 0, "resume") == 0  # from mid-epoch 3
     for rank in ("", ".rank1"):
         _same(tmp_path / f"straight.st{rank}", tmp_path / f"resumed.st{rank}", 16)
+
+
+def test_the_accelerate_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_path: Path) -> None:
+    """The user-level example of docs/integrations.md, run to its end; run again, SIGKILLed
+    right after its step 10 is committed, then run once more: the same final weights."""
+    import sys
+
+    from tests.helpers import launcher
+
+    def run(where: Path, kill: int) -> tuple[int, str]:
+        args = [sys.executable, "-m", "tests.helpers.hf_examples", "accelerate", str(where)]
+        args.append(str(kill))
+        done = launcher.run(args, cwd=launcher.ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode in (0, -9), done.stderr[-3000:]
+        return done.returncode, done.stdout
+
+    code, straight = run(tmp_path / "straight", 0)
+    assert code == 0 and "final weights" in straight
+    assert run(tmp_path / "killed", 10)[0] == -9
+    code, resumed = run(tmp_path / "killed", 0)
+    assert code == 0 and resumed.split("final weights")[1] == straight.split("final weights")[1]

@@ -23,12 +23,22 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from transformers import TrainerCallback
+
 from statekeeper.data.worker_rng import carries_worker_rng, carry_worker_rng
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import StatekeeperWarning
 from statekeeper.integrations.accelerate_loaders import AccelerateLoader
 
-__all__ = ["Held", "build_stateful", "entry", "resuming", "restore", "warn_if_inexact"]
+__all__ = [
+    "CheckLoader",
+    "Held",
+    "build_stateful",
+    "entry",
+    "resuming",
+    "restore",
+    "warn_if_inexact",
+]
 
 _NAME = "train dataloader"
 
@@ -103,6 +113,13 @@ def warn_if_inexact(loader: Any) -> None:
         StatekeeperWarning,
         stacklevel=2,
     )
+
+
+class CheckLoader(TrainerCallback):
+    """At train start: a training loader whose workers' random state is not saved warns."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        warn_if_inexact(kwargs.get("train_dataloader"))
 
 
 _HOOK: contextvars.ContextVar[Callable[[Any, int], Any] | None] = contextvars.ContextVar(

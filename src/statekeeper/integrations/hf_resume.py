@@ -14,11 +14,12 @@ from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.distributed.per_rank import PerRank
-from statekeeper.errors import CorruptCheckpointError, KeyMismatchError
+from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, KeyMismatchError
 from statekeeper.integrations import hf_layout, hf_loader
 from statekeeper.integrations.held import DeferredRNG
+from statekeeper.stateful import is_stateful
 
-__all__ = ["ARGS_JSON", "LoadedCheckpoint", "ours", "verify_folder"]
+__all__ = ["ARGS_JSON", "EXTRA", "LoadedCheckpoint", "checked_extra", "ours", "verify_folder"]
 
 ARGS_JSON = "training_args.json"  # written by the integration, never by the plain Trainer
 EXTRA = "extra."  # the entries of extra_state=: extra.<name>
@@ -113,3 +114,26 @@ def _check_extra(folder: Path, given: set[str]) -> None:
         "pass StatekeeperTrainer(extra_state=...) the objects this checkpoint-N was saved with "
         "(the same names), or resume from a checkpoint-N saved with these",
     )
+
+
+def checked_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``extra_state=`` validated: names that are identifiers, objects with state."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise InvalidArgumentError(
+            f"extra_state must be a mapping of names to objects, got {type(extra).__name__}: "
+            'pass extra_state={"ema": ema}'
+        )
+    for name, obj in extra.items():
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise InvalidArgumentError(
+                f"extra_state name {name!r} must be a Python identifier (letters, digits, _)"
+            )
+        if not is_stateful(obj):
+            raise InvalidArgumentError(
+                f"extra_state[{name!r}] is a {type(obj).__name__}, which has no state_dict() / "
+                "load_state_dict(): pass such an object (an sk.AveragedModel, a module, a "
+                "callback with both methods), or wrap a plain value in statekeeper.Value"
+            )
+    return dict(extra)

@@ -46,27 +46,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 
 from statekeeper.checkpoint.policies import KeepLatest, Retention
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import InvalidArgumentError, StatekeeperWarning
-from statekeeper.integrations import hf_layout, hf_loader
+from statekeeper.integrations import hf_layout, hf_loader, hf_parts
 from statekeeper.integrations.held import apply_named, named_state
 from statekeeper.integrations.hf_resume import (
-    ARGS_JSON,
     EXTRA,
     LoadedCheckpoint,
+    checked_extra,
     ours,
     verify_folder,
 )
 from statekeeper.state.rng import RNGState
-from statekeeper.stateful import is_stateful
 
 __all__ = ["StatekeeperTrainer", "StatekeeperTrainerMixin"]
 
-_ARGS_BIN = "training_args.bin"  # pickled by Trainer._save: replaced by JSON
 _log = logging.getLogger(__name__)
 
 
@@ -98,10 +96,10 @@ class StatekeeperTrainerMixin:
                 f"retention must be a statekeeper Retention (KeepLatest(3)...), got {retention!r}"
             )
         self._sk_retention = retention
-        self._sk_extra = _checked_extra(extra_state)
+        self._sk_extra = checked_extra(extra_state)
         self._sk_loaded = None
         self._sk_refuse_unsupported()
-        getattr(self, "add_callback")(_CheckLoader())  # noqa: B009
+        getattr(self, "add_callback")(hf_loader.CheckLoader())  # noqa: B009
 
     # ---- what this integration does not cover -------------------------------------------
 
@@ -112,7 +110,7 @@ class StatekeeperTrainerMixin:
             for name, on in (
                 ("DeepSpeed", t.is_deepspeed_enabled),
                 ("FSDP", t.is_fsdp_enabled or getattr(t, "is_fsdp_xla_enabled", False)),
-                ("SageMaker model parallel", _sagemaker_mp()),
+                ("SageMaker model parallel", hf_parts.sagemaker_mp()),
                 ("tensor parallelism", (getattr(t.args, "tp_size", 1) or 1) > 1),
             )
             if on
@@ -154,12 +152,12 @@ class StatekeeperTrainerMixin:
         final = run_dir / f"{hf_layout.PREFIX}-{step}"
         if args.should_save:
             hf_layout.remove_leftovers(run_dir)
-        _barrier(t)
+        hf_parts.barrier(t)
         t.save_model(str(built), _internal_call=True)
         self._sk_note_best(run_dir, step, final)
         if args.should_save:
-            _args_as_json(t, built)
-            _export_callback_state(t)
+            hf_parts.args_as_json(t, built)
+            hf_parts.export_callback_state(t)
             t.state.save_to_json(str(built / "trainer_state.json"))
         entries: dict[str, Any] = {}
         if not args.save_only_model:
@@ -177,9 +175,9 @@ class StatekeeperTrainerMixin:
                 flushed.result()
         if args.should_save:
             (built / ".statekeeper.lock").unlink(missing_ok=True)  # the save's, released
-            _set_aside_newer(run_dir, step)
+            hf_parts.set_aside_newer(run_dir, step)
             hf_layout.commit(built, step)
-        _barrier(t)
+        hf_parts.barrier(t)
         if args.push_to_hub:
             t._push_from_checkpoint(str(final))
         best = t.state.best_model_checkpoint
@@ -194,7 +192,7 @@ class StatekeeperTrainerMixin:
         strategy = getattr(t.args.save_strategy, "value", t.args.save_strategy)
         if not best_step or strategy not in ("steps", "epoch", "best"):
             return
-        _barrier(t)
+        hf_parts.barrier(t)
         best = run_dir / f"{hf_layout.PREFIX}-{best_step}"
         if best_step == step or best.exists():
             t.state.best_model_checkpoint = str(best if best_step != step else final)
@@ -325,78 +323,3 @@ class StatekeeperTrainerMixin:
 
 class StatekeeperTrainer(StatekeeperTrainerMixin, Trainer):
     """``transformers.Trainer`` whose checkpoints are statekeeper's (see the module)."""
-
-
-class _CheckLoader(TrainerCallback):
-    """At train start: a training loader whose workers' random state is not saved warns."""
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        hf_loader.warn_if_inexact(kwargs.get("train_dataloader"))
-
-
-def _checked_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    if extra is None:
-        return {}
-    if not isinstance(extra, Mapping):
-        raise InvalidArgumentError(
-            f"extra_state must be a mapping of names to objects, got {type(extra).__name__}: "
-            'pass extra_state={"ema": ema}'
-        )
-    for name, obj in extra.items():
-        if not (isinstance(name, str) and name.isidentifier()):
-            raise InvalidArgumentError(
-                f"extra_state name {name!r} must be a Python identifier (letters, digits, _)"
-            )
-        if not is_stateful(obj):
-            raise InvalidArgumentError(
-                f"extra_state[{name!r}] is a {type(obj).__name__}, which has no state_dict() / "
-                "load_state_dict(): pass such an object (an sk.AveragedModel, a module, a "
-                "callback with both methods), or wrap a plain value in statekeeper.Value"
-            )
-    return dict(extra)
-
-
-def _sagemaker_mp() -> bool:
-    from transformers.utils.import_utils import is_sagemaker_mp_enabled
-
-    return bool(is_sagemaker_mp_enabled())
-
-
-def _set_aside_newer(run_dir: Path, step: int) -> None:
-    moved = hf_layout.set_aside_newer(run_dir, step)
-    if moved:
-        warnings.warn(
-            f"statekeeper: {run_dir} held checkpoint folders newer than this run's step "
-            f"{step} (a run this one rolled back from, or an older run): renamed aside as "
-            f"{', '.join(p.name for p in moved)} so that a resume cannot jump onto them; "
-            "delete them when they are not needed",
-            StatekeeperWarning,
-            stacklevel=3,
-        )
-
-
-def _barrier(trainer: Any) -> None:
-    if trainer.args.world_size > 1:
-        trainer.accelerator.wait_for_everyone()
-
-
-def _args_as_json(trainer: Any, folder: Path) -> None:
-    """The training arguments as JSON in place of the pickled ``training_args.bin``."""
-    (folder / _ARGS_BIN).unlink(missing_ok=True)
-    (folder / ARGS_JSON).write_text(trainer.args.to_json_string() + "\n")
-
-
-def _export_callback_state(trainer: Any) -> None:
-    """Record the stateful callbacks' state in ``trainer.state``, as the Trainer's own
-    save does before it writes ``trainer_state.json``."""
-    from transformers.trainer_callback import ExportableState
-
-    for cb in [*trainer.callback_handler.callbacks, trainer.control]:
-        if not isinstance(cb, ExportableState):
-            continue
-        name = type(cb).__name__
-        slot = trainer.state.stateful_callbacks.get(name)
-        if isinstance(slot, list):
-            slot.append(cb.state())
-        else:
-            trainer.state.stateful_callbacks[name] = cb.state()

@@ -414,3 +414,15 @@ def test_the_transformers_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_p
     assert run(tmp_path / "killed", 10)[0] == -9
     code, resumed = run(tmp_path / "killed", 0)
     assert code == 0 and resumed.split("final weights")[1] == straight.split("final weights")[1]
+
+
+def test_an_unseedable_sampler_warns_at_train_start_and_saves_no_loader(tmp_path: Path) -> None:
+    trainer = _tiny_trainer(
+        tmp_path, max_steps=2, accelerator_config={"use_seedable_sampler": False}
+    )
+    with pytest.warns(sk.StatekeeperWarning, match="use_seedable_sampler"):
+        trainer.train()  # type: ignore[attr-defined]
+    assert "loader" not in sk.read(tmp_path / "checkpoint-2")
+    seeded = _tiny_trainer(tmp_path / "seeded", max_steps=2)
+    seeded.train()  # type: ignore[attr-defined]
+    assert "loader" in sk.read(tmp_path / "seeded" / "checkpoint-2")

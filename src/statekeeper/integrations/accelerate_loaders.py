@@ -25,7 +25,7 @@ from statekeeper.data.torchdata import UNRESUMABLE_SAMPLERS
 from statekeeper.data.worker_rng import carry_worker_rng, workers_without_rng
 from statekeeper.errors import InvalidArgumentError, StatekeeperWarning, user_stacklevel
 
-__all__ = ["AccelerateLoader", "stateful_loaders"]
+__all__ = ["AccelerateLoader", "stateful_loaders", "unresumable_sampler"]
 
 
 def _samplers(loader: Any) -> list[Any]:
@@ -35,6 +35,13 @@ def _samplers(loader: Any) -> list[Any]:
         getattr(getattr(outer, "batch_sampler", None), "sampler", None),
     ]
     return [s for s in found if s is not None]
+
+
+def unresumable_sampler(loader: Any) -> str | None:
+    """The name of the sampler of ``loader`` that draws a new order when made again
+    (torch's ``RandomSampler``...), or None."""
+    found = [type(s).__name__ for s in _samplers(loader) if type(s) in UNRESUMABLE_SAMPLERS]
+    return found[0] if found else None
 
 
 def _with_generator(loader: Any) -> None:
@@ -55,14 +62,14 @@ class AccelerateLoader:
         carry_worker_rng(getattr(loader, "base_dataloader", loader))
 
     def state_dict(self) -> dict[str, Any]:
-        for sampler in _samplers(self.loader):
-            if type(sampler) in UNRESUMABLE_SAMPLERS:
-                raise InvalidArgumentError(
-                    f"data loader {self.name!r} shuffles with torch's {type(sampler).__name__}, "
-                    "which draws a new order when made again, so a resumed run would see other "
-                    "batches. Pass DataLoaderConfiguration(use_stateful_dataloader=True, "
-                    "use_seedable_sampler=True) to the Accelerator"
-                )
+        sampler = unresumable_sampler(self.loader)
+        if sampler is not None:
+            raise InvalidArgumentError(
+                f"data loader {self.name!r} shuffles with torch's {sampler}, which draws a new "
+                "order when made again, so a resumed run would see other batches. Pass "
+                "DataLoaderConfiguration(use_stateful_dataloader=True, use_seedable_sampler=True) "
+                "to the Accelerator"
+            )
         _with_generator(self.loader)
         own = self.loader.state_dict()
         missing = workers_without_rng(own)

@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 from statekeeper.data.worker_rng import carries_worker_rng, carry_worker_rng
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import StatekeeperWarning
-from statekeeper.integrations.accelerate_loaders import AccelerateLoader
+from statekeeper.integrations.accelerate_loaders import AccelerateLoader, unresumable_sampler
 
 __all__ = [
     "CheckLoader",
@@ -48,7 +48,14 @@ def _base(loader: Any) -> Any:
 
 
 def _stateful(loader: Any) -> bool:
-    return hasattr(_base(loader), "next_iter_state") and hasattr(loader, "set_epoch")
+    """A loader this module saves and puts back: a prepared ``StatefulDataLoader`` whose
+    sampler resumes its order (not torch's ``RandomSampler``: ``use_seedable_sampler=False``
+    is resumed the Trainer's way, with a warning at train start)."""
+    return (
+        hasattr(_base(loader), "next_iter_state")
+        and hasattr(loader, "set_epoch")
+        and unresumable_sampler(loader) is None
+    )
 
 
 def build_stateful(accelerator: Any, build: Callable[[], Any]) -> Any:
@@ -97,6 +104,18 @@ def restore(loader: Any, saved: Mapping[str, Any]) -> bool:
 
 def warn_if_inexact(loader: Any) -> None:
     """At train start: a loader with workers whose random state is not saved says so."""
+    sampler = unresumable_sampler(loader) if loader is not None else None
+    if sampler is not None:
+        warnings.warn(
+            f"statekeeper: the training data loader shuffles with torch's {sampler} "
+            "(accelerator_config use_seedable_sampler=False), which draws a new order when "
+            "made again: a run resumed mid-epoch sees other samples than the run that saved. "
+            'Pass TrainingArguments(accelerator_config={"use_seedable_sampler": True}) '
+            "(the default)",
+            StatekeeperWarning,
+            stacklevel=2,
+        )
+        return
     workers = getattr(_base(loader), "num_workers", 0) or 0
     if not workers or (_stateful(loader) and carries_worker_rng(_base(loader))):
         return

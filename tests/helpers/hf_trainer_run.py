@@ -11,7 +11,8 @@ with ``train(resume_from_checkpoint=True)``. MODE ``augment`` (or ``resume+augme
 the dataset replaces a token at random in ``__getitem__`` (Python's, numpy's and torch's
 RNGs) and the loader has two workers; an EMA of the model (``sk.AveragedModel``, updated
 after every step by a callback) goes into each checkpoint through ``extra_state``; the
-first run also calls ``train(resume_from_checkpoint=True)`` (nothing to resume yet). At
+first run also calls ``train(resume_from_checkpoint=True)`` (nothing to resume yet);
+``persistent`` adds ``dataloader_persistent_workers=True``. At
 the end it writes every parameter, the optimizer's moments by parameter name, the loss of
 every step the run's history holds, one more random draw, and with ``augment`` the EMA's
 parameters and the input ids of every step trained, to OUT_FILE, and the transformers
@@ -135,6 +136,7 @@ def main() -> None:
         seed=0,
         disable_tqdm=True,
         dataloader_num_workers=2 if augment else 0,
+        dataloader_persistent_workers="persistent" in modes,
     )
     callbacks: list[TrainerCallback] = []
     if "kill-in-save" in modes:

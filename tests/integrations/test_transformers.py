@@ -59,24 +59,28 @@ def test_a_killed_trainer_run_resumes_bitwise(
 
 
 @pytest.mark.parametrize(
-    ("every", "kill"),
-    [(3, 13), (4, 17)],  # resumed mid-epoch 1, then at epoch 1's end
+    ("every", "kill", "mode"),
+    [
+        (3, 13, "augment"),  # resumed mid-epoch 1
+        (4, 17, "augment"),  # at epoch 1's end
+        (4, 17, "augment+persistent"),  # workers that carry their RNG over the epoch's end
+    ],
 )
 def test_worker_augmentation_and_an_ema_resume_bitwise(
-    tmp_path: Path, every: int, kill: int
+    tmp_path: Path, every: int, kill: int, mode: str
 ) -> None:
     """Random augmentation in two loader workers (Python's, numpy's and torch's RNGs) and an
     EMA given as extra_state: the resumed run trains on the same inputs at every step and
     its EMA ends as the straight run's. Each run starts with resume_from_checkpoint=True."""
-    assert _run(tmp_path / "straight", tmp_path / "straight.st", every, 0, "augment") == 0
+    assert _run(tmp_path / "straight", tmp_path / "straight.st", every, 0, mode) == 0
     out = tmp_path / "killed"
-    assert _run(out, tmp_path / "unused.st", every, kill, "augment") == -9
+    assert _run(out, tmp_path / "unused.st", every, kill, mode) == -9
     newest = max(hf_layout.checkpoints(out))
     assert (
         "ema" not in sk.read(out / f"checkpoint-{newest}")
         and sk.read(out / f"checkpoint-{newest}")["extra.ema"]
     )
-    assert _run(out, tmp_path / "resumed.st", every, 0, "resume+augment") == 0
+    assert _run(out, tmp_path / "resumed.st", every, 0, f"resume+{mode}") == 0
     _same(tmp_path / "straight.st", tmp_path / "resumed.st")
     resumed = load_file(str(tmp_path / "resumed.st"))
     assert sorted(int(k[6:]) for k in resumed if k.startswith("input/")) == list(

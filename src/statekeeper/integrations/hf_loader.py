@@ -32,6 +32,7 @@ from statekeeper.integrations.accelerate_loaders import AccelerateLoader, unresu
 
 __all__ = [
     "CheckLoader",
+    "persists_across_epochs",
     "Held",
     "build_stateful",
     "entry",
@@ -100,6 +101,22 @@ def restore(loader: Any, saved: Mapping[str, Any]) -> bool:
         return False
     AccelerateLoader(_NAME, loader).load_state_dict(dict(saved))
     return True
+
+
+def persists_across_epochs(loader: Any, saved: Mapping[str, Any]) -> bool:
+    """Whether ``saved`` ended an epoch of ``loader`` whose workers persist: the saving
+    run's workers carried their generators into the next epoch, so a resume there puts
+    them back (a loader without persistent workers starts the epoch afresh, as the saving
+    run's did)."""
+    base = _base(loader)
+    own = saved.get("loader")
+    return (
+        _stateful(loader)
+        and bool(getattr(base, "persistent_workers", False))
+        and bool(getattr(base, "num_workers", 0))
+        and isinstance(own, Mapping)
+        and bool(own.get("_iterator_finished", False))
+    )
 
 
 def warn_if_inexact(loader: Any) -> None:

@@ -271,6 +271,10 @@ class StatekeeperTrainerMixin:
         if loaded is None:
             super()._load_rng_state(checkpoint)  # type: ignore[misc]
             return
+        saved = loaded.take_loader()  # a resume at an epoch's end: persistent workers
+        loader = getattr(getattr(self, "callback_handler"), "train_dataloader", None)  # noqa: B009
+        if saved is not None and hf_loader.persists_across_epochs(loader, saved):
+            hf_loader.restore(loader, saved)  # they carried their generators over the end
         loaded.restore_rng()
 
     def _load_best_model(self) -> None:

@@ -8,8 +8,9 @@ loader (Accelerate's seedable sampler, no generator of its own), saving with
 (0: never) it SIGKILLs itself. It resumes from the newest step when ``has_checkpoint``
 says there is one (with ``resume``, there must be). With ``augment`` the loader has two
 workers over a dataset that augments at random with Python's, numpy's and torch's RNGs in
-``__getitem__``. At the end it writes every parameter, the optimizer's moments, the steps
-it trained, the inputs of every step and one more random draw to OUT_FILE.
+``__getitem__`` (``persistent``: workers that persist across epochs). At the end it
+writes every parameter, the optimizer's moments, the steps it trained, the inputs of every
+step and one more random draw to OUT_FILE.
 
 As a DDP job (tests.helpers.accelerate_ddp) rank 1 writes to OUT_FILE.rank1; each rank is
 seeded apart once the model is built (DDP broadcasts rank 0's weights) and seeds its
@@ -80,8 +81,9 @@ def main() -> None:
     workers = 2 if augment else 0
     init = functools.partial(seed_worker, rank=accelerator.process_index)
     loader = torch.utils.data.DataLoader(
-        data, batch_size=4, shuffle=True, num_workers=workers, worker_init_fn=init
-    )
+        data, batch_size=4, shuffle=True, num_workers=workers, worker_init_fn=init,
+        persistent_workers="persistent" in sys.argv[5:],
+    )  # fmt: skip
     torch.manual_seed(100 + accelerator.process_index)  # each rank its own random stream
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
     resuming = has_checkpoint(accelerator)

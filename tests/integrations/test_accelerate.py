@@ -38,6 +38,7 @@ def _same(a_file: Path, b_file: Path, first: int) -> None:
         (4, 17, [12, 16], ()),  # at epoch 1's end
         (3, 13, [9, 12], ("augment",)),  # mid-epoch, random augmentation in 2 workers
         (4, 17, [12, 16], ("augment",)),
+        (4, 17, [12, 16], ("augment", "persistent")),  # workers kept over the epoch's end
     ],
 )
 def test_a_killed_accelerate_run_resumes_bitwise(

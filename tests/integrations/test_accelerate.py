@@ -4,6 +4,7 @@ an epoch's end."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,25 @@ def test_the_accelerate_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_pat
     assert run(tmp_path / "killed", 10)[0] == -9
     code, resumed = run(tmp_path / "killed", 0)
     assert code == 0 and resumed.split("final weights")[1] == straight.split("final weights")[1]
+
+
+def test_workers_started_before_statekeeper_saw_the_loader_warn_at_save(tmp_path: Path) -> None:
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from tests.helpers.accelerate_run import Augmenting
+    from torch.utils.data import DataLoader
+
+    from statekeeper.integrations.accelerate import has_checkpoint, save_state
+
+    config = DataLoaderConfiguration(use_stateful_dataloader=True, use_seedable_sampler=True)
+    for seen_first in (False, True):
+        accelerator = Accelerator(cpu=True, dataloader_config=config)
+        loader = accelerator.prepare(DataLoader(Augmenting(), batch_size=4, num_workers=2))
+        if seen_first:
+            assert not has_checkpoint(accelerator, tmp_path / f"run{seen_first}")
+        next(iter(loader))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            save_state(accelerator, tmp_path / f"run{seen_first}", step=1)
+        said = [str(w.message) for w in caught if issubclass(w.category, sk.StatekeeperWarning)]
+        assert bool(said) is not seen_first, said
+        assert not said or "has_checkpoint(accelerator)" in said[0]

@@ -27,7 +27,7 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        mp.spawn(_rank, args=(port, sys.argv[1:]), nprocs=2)
+        mp.start_processes(_rank, args=(port, sys.argv[1:]), nprocs=2, start_method="fork")
     except mp.ProcessExitedException:
         sys.exit(9)
 

@@ -7,17 +7,26 @@ with dropout, AdamW and a linear schedule with warm-up, saving ``checkpoint-N`` 
 steps (``save_total_limit=2``) with ``StatekeeperTrainer``. After step KILL (0: never) it
 SIGKILLs itself; MODE ``kill-in-save`` makes that kill happen inside the save of step KILL,
 after everything is written and before the folder is committed. MODE ``resume`` resumes
-with ``train(resume_from_checkpoint=True)``. At the end it writes every parameter, the
-optimizer's moments by parameter name, the loss of every step the run's history holds and
-one more random draw to OUT_FILE, and the transformers version to VERSION_FILE.
+with ``train(resume_from_checkpoint=True)``. MODE ``augment`` (or ``resume+augment``):
+the dataset replaces a token at random in ``__getitem__`` (Python's, numpy's and torch's
+RNGs) and the loader has two workers; an EMA of the model (``sk.AveragedModel``, updated
+after every step by a callback) goes into each checkpoint through ``extra_state``; the
+first run also calls ``train(resume_from_checkpoint=True)`` (nothing to resume yet);
+``persistent`` adds ``dataloader_persistent_workers=True``. At
+the end it writes every parameter, the optimizer's moments by parameter name, the loss of
+every step the run's history holds, one more random draw, and with ``augment`` the EMA's
+parameters and the input ids of every step trained, to OUT_FILE, and the transformers
+version to VERSION_FILE.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 
+import numpy as np
 import torch
 import transformers
 from safetensors.torch import save_file
@@ -28,6 +37,7 @@ from transformers import (
     TrainingArguments,
 )
 
+import statekeeper as sk
 from statekeeper.integrations import hf_layout
 from statekeeper.integrations.transformers import StatekeeperTrainer
 
@@ -44,6 +54,32 @@ def dataset() -> list[dict[str, torch.Tensor]]:
         }
         for _ in range(32)
     ]
+
+
+class Augmenting(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """``dataset()`` with one token replaced at random by the process that draws the item."""
+
+    def __init__(self) -> None:
+        self.items = dataset()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = dict(self.items[i])
+        ids = item["input_ids"].clone()
+        where = random.randrange(8)
+        ids[where] = (int(np.random.randint(0, 50)) + int(torch.randint(0, 50, ()))) % 50
+        item["input_ids"] = ids
+        return item
+
+
+class _EMA(TrainerCallback):
+    def __init__(self, ema: sk.AveragedModel) -> None:
+        self.ema = ema
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+        self.ema.update_parameters(model)
 
 
 def model() -> BertForSequenceClassification:
@@ -83,7 +119,8 @@ def _kill_in_save(at: int) -> None:
 
 def main() -> None:
     output_dir, out, every, kill = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    mode = sys.argv[5] if len(sys.argv) > 5 else ""
+    modes = set(sys.argv[5].split("+")) if len(sys.argv) > 5 else set()
+    augment = "augment" in modes
     args = TrainingArguments(
         output_dir=output_dir,
         max_steps=STEPS,
@@ -98,16 +135,30 @@ def main() -> None:
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
+        dataloader_num_workers=2 if augment else 0,
+        dataloader_persistent_workers="persistent" in modes,
     )
-    callbacks = []
-    if mode == "kill-in-save":
+    callbacks: list[TrainerCallback] = []
+    if "kill-in-save" in modes:
         _kill_in_save(kill)
     elif kill:
         callbacks.append(_Kill(kill))
-    trainer = StatekeeperTrainer(
-        model=model(), args=args, train_dataset=dataset(), callbacks=callbacks
+    net = model()
+    extra = {}
+    if augment:
+        ema = sk.AveragedModel(net, multi_avg_fn=sk.get_ema_multi_avg_fn(0.9))
+        callbacks.append(_EMA(ema))
+        extra["ema"] = ema
+    inputs: dict[int, torch.Tensor] = {}
+    net.register_forward_pre_hook(
+        lambda m, a, kw: inputs.__setitem__(trainer.state.global_step + 1, kw["input_ids"]),
+        with_kwargs=True,
     )
-    trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
+    data = Augmenting() if augment else dataset()
+    trainer = StatekeeperTrainer(
+        model=net, args=args, train_dataset=data, callbacks=callbacks, extra_state=extra
+    )
+    trainer.train(resume_from_checkpoint=True if "resume" in modes or augment else None)
     final = {f"param/{k}": v.detach().clone() for k, v in trainer.model.state_dict().items()}
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
@@ -117,6 +168,9 @@ def main() -> None:
     final["steps"] = torch.tensor([s for s, _ in history])
     final["losses"] = torch.tensor([loss for _, loss in history], dtype=torch.float64)
     final["draw"] = torch.rand(4)
+    if augment:
+        final |= {f"ema/{k}": v.detach().clone() for k, v in ema.module.state_dict().items()}
+        final |= {f"input/{s}": x.clone() for s, x in inputs.items()}
     rank = int(os.environ.get("RANK", "0"))  # a DDP job (tests.helpers.hf_trainer_ddp)
     save_file({k: v.contiguous() for k, v in final.items()}, f"{out}.rank{rank}" if rank else out)
     if len(sys.argv) > 6:

@@ -25,9 +25,10 @@ def _run(
 
 def _same(a_file: Path, b_file: Path) -> None:
     a, b = load_file(str(a_file)), load_file(str(b_file))
-    assert a.keys() == b.keys() and any(k.startswith("adam/") for k in a)
+    assert b.keys() <= a.keys() and any(k.startswith("adam/") for k in a)
+    assert a.keys() - b.keys() <= {k for k in a if k.startswith("input/")}  # steps before
     assert a["steps"].tolist() == list(range(1, 21))
-    for key in a:
+    for key in b:
         assert torch.equal(a[key], b[key]), key
 
 
@@ -57,6 +58,83 @@ def test_a_killed_trainer_run_resumes_bitwise(
     _same(tmp_path / "straight.st", tmp_path / "resumed.st")
 
 
+@pytest.mark.parametrize(
+    ("every", "kill", "mode"),
+    [
+        (3, 13, "augment"),  # resumed mid-epoch 1
+        (4, 17, "augment"),  # at epoch 1's end
+        (4, 17, "augment+persistent"),  # workers that carry their RNG over the epoch's end
+    ],
+)
+def test_worker_augmentation_and_an_ema_resume_bitwise(
+    tmp_path: Path, every: int, kill: int, mode: str
+) -> None:
+    """Random augmentation in two loader workers (Python's, numpy's and torch's RNGs) and an
+    EMA given as extra_state: the resumed run trains on the same inputs at every step and
+    its EMA ends as the straight run's. Each run starts with resume_from_checkpoint=True."""
+    assert _run(tmp_path / "straight", tmp_path / "straight.st", every, 0, mode) == 0
+    out = tmp_path / "killed"
+    assert _run(out, tmp_path / "unused.st", every, kill, mode) == -9
+    newest = max(hf_layout.checkpoints(out))
+    assert (
+        "ema" not in sk.read(out / f"checkpoint-{newest}")
+        and sk.read(out / f"checkpoint-{newest}")["extra.ema"]
+    )
+    assert _run(out, tmp_path / "resumed.st", every, 0, f"resume+{mode}") == 0
+    _same(tmp_path / "straight.st", tmp_path / "resumed.st")
+    resumed = load_file(str(tmp_path / "resumed.st"))
+    assert sorted(int(k[6:]) for k in resumed if k.startswith("input/")) == list(
+        range(newest + 1, 21)
+    )
+    assert any(k.startswith("ema/") for k in resumed)
+
+
+def test_resume_true_on_a_first_run_starts_from_scratch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    trainer = _tiny_trainer(tmp_path / "new")
+    with caplog.at_level(logging.INFO, logger="statekeeper.integrations.transformers"):
+        trainer.train(resume_from_checkpoint=True)  # type: ignore[attr-defined]
+    assert trainer.state.global_step == 6  # type: ignore[attr-defined]
+    assert "no checkpoint-N" in caplog.text and "from scratch" in caplog.text
+    again = _tiny_trainer(tmp_path / "new", max_steps=8)
+    again.train(True)  # type: ignore[attr-defined]  # positional: resumes from checkpoint-6
+    assert again.state.global_step == 8  # type: ignore[attr-defined]
+    assert list(hf_layout.checkpoints(tmp_path / "new")) == [2, 4, 6, 8]
+
+
+def test_extra_state_is_checked_on_construction_and_on_resume(tmp_path: Path) -> None:
+    ema = sk.AveragedModel(torch.nn.Linear(2, 2))
+    with pytest.raises(sk.InvalidArgumentError, match="state_dict"):
+        _tiny_trainer(tmp_path, extra_state={"ema": 3})
+    with pytest.raises(sk.InvalidArgumentError, match="identifier"):
+        _tiny_trainer(tmp_path, extra_state={"my ema": ema})
+    _tiny_trainer(tmp_path, extra_state={"ema": ema}).train()  # type: ignore[attr-defined]
+    saved = {k: v.clone() for k, v in ema.state_dict().items()}
+    with torch.no_grad():
+        ema.module.weight.zero_()
+    resumed = _tiny_trainer(tmp_path, max_steps=6, extra_state={"ema": ema})
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))  # type: ignore[attr-defined]
+    assert all(torch.equal(saved[k], v) for k, v in ema.state_dict().items())  # restored
+    for extra, match in (({}, "saved, not given"), ({"ema": ema, "n": sk.Value(1)}, "missing")):
+        with pytest.raises(sk.KeyMismatchError, match=match):
+            _tiny_trainer(tmp_path, extra_state=extra).train(resume_from_checkpoint=True)  # type: ignore[attr-defined]
+
+
+def test_a_loader_of_ones_own_with_workers_warns_at_train_start(tmp_path: Path) -> None:
+    from tests.helpers.hf_trainer_run import dataset
+    from torch.utils.data import DataLoader
+    from transformers import default_data_collator
+
+    trainer = _tiny_trainer(tmp_path, max_steps=2)
+    plain = DataLoader(dataset(), batch_size=4, num_workers=2, collate_fn=default_data_collator)
+    trainer.get_train_dataloader = lambda: plain  # type: ignore[attr-defined]
+    with pytest.warns(sk.StatekeeperWarning, match=r"super\(\)\.get_train_dataloader"):
+        trainer.train()  # type: ignore[attr-defined]
+
+
 def test_a_kill_inside_a_save_leaves_no_folder_a_resume_would_pick(tmp_path: Path) -> None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -77,6 +155,7 @@ def _tiny_trainer(out: Path, **overrides: object) -> object:
     from statekeeper.integrations.transformers import StatekeeperTrainer
 
     retention = overrides.pop("retention", None)
+    extra = overrides.pop("extra_state", None)
     options: dict[str, object] = {
         "output_dir": str(out),
         "max_steps": 6,
@@ -95,6 +174,7 @@ def _tiny_trainer(out: Path, **overrides: object) -> object:
         train_dataset=data,
         eval_dataset=data[:8],
         retention=retention,
+        extra_state=extra,  # type: ignore[arg-type]
     )
 
 
@@ -185,14 +265,14 @@ def test_the_oldest_supported_transformers_resumes_bitwise(tmp_path: Path) -> No
 def test_a_killed_ddp_trainer_run_resumes_bitwise(tmp_path: Path) -> None:
     """Two DDP ranks (gloo): the save is collective (each rank's RNG), rank 0 writes the
     model folder and commits; a job killed after step 13 resumes from checkpoint-12."""
-    import subprocess
     import sys
 
+    from tests.helpers import launcher
     from tests.helpers.launcher import ROOT
 
     def job(where: Path, out: Path, kill: int, *more: str) -> int:
         args = [sys.executable, "-m", "tests.helpers.hf_trainer_ddp", str(where), str(out)]
-        done = subprocess.run(
+        done = launcher.run(
             [*args, "3", str(kill), *more], cwd=ROOT, capture_output=True, text=True, timeout=600
         )
         assert done.returncode in (0, 9), done.stderr[-3000:]
@@ -290,3 +370,63 @@ def test_a_retried_training_loop_loads_the_optimizer_again(tmp_path: Path) -> No
     again.optimizer.state.clear()  # type: ignore[attr-defined]  # a retry builds anew
     again._load_optimizer_and_scheduler(folder)  # type: ignore[attr-defined]
     assert len(again.optimizer.state) > 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.xdist_group("gloo")
+def test_a_killed_ddp_run_resumes_each_ranks_loader_and_workers(tmp_path: Path) -> None:
+    """Two DDP ranks (gloo), random augmentation in two workers per rank (the Trainer seeds
+    each rank's workers apart) and an EMA: a job killed mid-epoch resumes each rank from its
+    own loader position and worker RNG (rank 1 from rank 0's would train on other inputs)."""
+    import sys
+
+    from tests.helpers import launcher
+
+    def job(where: Path, out: Path, kill: int, mode: str) -> int:
+        args = [sys.executable, "-m", "tests.helpers.hf_trainer_ddp", str(where), str(out)]
+        done = launcher.run(
+            [*args, "3", str(kill), mode], cwd=launcher.ROOT, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert done.returncode in (0, 9), done.stderr[-3000:]
+        return done.returncode
+
+    assert job(tmp_path / "straight", tmp_path / "straight.st", 0, "augment") == 0
+    out = tmp_path / "killed"
+    assert job(out, tmp_path / "unused.st", 16, "augment") == 9  # 4 batches a rank an epoch
+    assert list(hf_layout.checkpoints(out)) == [12, 15]
+    assert job(out, tmp_path / "resumed.st", 0, "resume+augment") == 0
+    for rank in ("", ".rank1"):
+        _same(tmp_path / f"straight.st{rank}", tmp_path / f"resumed.st{rank}")
+
+
+def test_the_transformers_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_path: Path) -> None:
+    """The user-level example of docs/integrations.md, run to its end; run again, SIGKILLed
+    right after its step 10 is committed, then run once more: the same final weights."""
+    import sys
+
+    from tests.helpers import launcher
+
+    def run(where: Path, kill: int) -> tuple[int, str]:
+        args = [sys.executable, "-m", "tests.helpers.hf_examples", "transformers", str(where)]
+        args.append(str(kill))
+        done = launcher.run(args, cwd=launcher.ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode in (0, -9), done.stderr[-3000:]
+        return done.returncode, done.stdout
+
+    code, straight = run(tmp_path / "straight", 0)
+    assert code == 0 and "final weights" in straight
+    assert run(tmp_path / "killed", 10)[0] == -9
+    code, resumed = run(tmp_path / "killed", 0)
+    assert code == 0 and resumed.split("final weights")[1] == straight.split("final weights")[1]
+
+
+def test_an_unseedable_sampler_warns_at_train_start_and_saves_no_loader(tmp_path: Path) -> None:
+    trainer = _tiny_trainer(
+        tmp_path, max_steps=2, accelerator_config={"use_seedable_sampler": False}
+    )
+    with pytest.warns(sk.StatekeeperWarning, match="use_seedable_sampler"):
+        trainer.train()  # type: ignore[attr-defined]
+    assert "loader" not in sk.read(tmp_path / "checkpoint-2")
+    seeded = _tiny_trainer(tmp_path / "seeded", max_steps=2)
+    seeded.train()  # type: ignore[attr-defined]
+    assert "loader" in sk.read(tmp_path / "seeded" / "checkpoint-2")

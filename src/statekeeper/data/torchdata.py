@@ -83,11 +83,15 @@ def refuse_plain_dataloader(name: str, obj: object) -> None:
         )
 
 
-def _carries_worker_rng(dataset: Any) -> bool:
+def _carries_worker_rng(loader: Any) -> bool:
     """Whether the workers' random state is saved with the loader (torchdata snapshots a
     Stateful dataset per worker), or items do not depend on it (per-sample seeding)."""
     from statekeeper.data.seeding import SeededDataset
+    from statekeeper.data.worker_rng import carries_worker_rng
 
+    dataset = getattr(loader, "dataset", None)
+    if carries_worker_rng(loader):
+        return True
     if isinstance(dataset, SeededDataset | torch.utils.data.IterableDataset):
         return True  # iterable datasets carry their own state (Stateful or not resumable)
     return callable(getattr(dataset, "state_dict", None)) and callable(
@@ -98,7 +102,7 @@ def _carries_worker_rng(dataset: Any) -> bool:
 def _warn_worker_randomness(name: str, loader: Any) -> None:
     """Never silent: a loader whose workers' random draws cannot be resumed says so at save."""
     workers = getattr(loader, "num_workers", 0)
-    if workers and not _carries_worker_rng(getattr(loader, "dataset", None)):
+    if workers and not _carries_worker_rng(loader):
         warnings.warn(
             f"statekeeper: state entry {name!r} is a StatefulDataLoader with "
             f"num_workers={workers}: random numbers its workers draw in __getitem__ (random "

@@ -14,19 +14,45 @@ on resume restores it in the new worker before the first item is drawn, so every
 continues its random stream where the saved run left it (``persistent_workers`` on or off).
 In the main process (``num_workers=0``) it holds the main process's generators, which
 statekeeper restores anyway (the ``Checkpointer``'s RNG entry, restored last).
+
+:func:`carry_worker_rng` does the same for a loader whose dataset is the user's own,
+without wrapping it: integrations that own the loader's route call it before the first
+batch. It chains the loader's ``worker_init_fn`` so that, inside each worker and after the
+user's own initialisation, the worker's copy of the dataset gets the same ``state_dict`` /
+``load_state_dict`` (the dataset in the main process is left as it is).
+:func:`workers_without_rng` names the workers whose snapshot in a loader's state holds no
+random state, for the warning that says so.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["WorkerRNGDataset"]
+from statekeeper.stateful import is_stateful
+
+__all__ = ["WorkerRNGDataset", "carry_worker_rng", "carries_worker_rng", "workers_without_rng"]
 
 T = TypeVar("T")
+
+
+def _process_rng() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def _set_process_rng(state: Mapping[str, Any]) -> None:
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    np.random.set_state(tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
 
 
 class WorkerRNGDataset(torch.utils.data.Dataset[T], Generic[T]):
@@ -48,14 +74,65 @@ class WorkerRNGDataset(torch.utils.data.Dataset[T], Generic[T]):
         return getattr(self.dataset, name)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state(),
-        }
+        return _process_rng()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        python = state["python"]
-        random.setstate((python[0], tuple(python[1]), python[2]))
-        np.random.set_state(tuple(state["numpy"]))
-        torch.set_rng_state(state["torch"])
+        _set_process_rng(state)
+
+
+class _CarryRNG:
+    """A ``worker_init_fn``: the loader's own first, then the worker's dataset copy made
+    ``Stateful`` with the worker's RNG as its state (a picklable object, for spawned
+    workers)."""
+
+    def __init__(self, user: Callable[[int], None] | None) -> None:
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        if self.user is not None:
+            self.user(worker_id)
+        info = torch.utils.data.get_worker_info()
+        dataset = getattr(info, "dataset", None)
+        if dataset is None or is_stateful(dataset):
+            return  # the dataset's own state (a WorkerRNGDataset's, or the user's)
+        try:
+            dataset.state_dict = _process_rng
+            dataset.load_state_dict = _set_process_rng
+        except (AttributeError, TypeError):  # __slots__...: workers_without_rng reports it
+            return
+
+
+def carry_worker_rng(loader: Any) -> None:
+    """Have the workers of the torchdata ``StatefulDataLoader`` ``loader`` save their random
+    state with their snapshots and restore it on resume (see the module docstring). Call
+    it before the loader's first ``iter``: workers already running are not changed. Does
+    nothing for a loader without workers, or one whose dataset is ``Stateful`` already."""
+    if isinstance(loader.worker_init_fn, _CarryRNG):
+        return
+    loader.worker_init_fn = _CarryRNG(loader.worker_init_fn)
+    if getattr(loader, "_initial_iter_for_state_dict", False):
+        # an iterator that a state_dict() call built before the first batch (Accelerate's
+        # prepare does) started its workers without the hook: dropped, unused, so that the
+        # first iter() builds one (torchdata's own attributes: it has no public way)
+        loader._initial_iter_for_state_dict = False
+        loader._iterator = None
+
+
+def carries_worker_rng(loader: Any) -> bool:
+    """Whether :func:`carry_worker_rng` was applied to ``loader``."""
+    return isinstance(getattr(loader, "worker_init_fn", None), _CarryRNG)
+
+
+def workers_without_rng(state: Mapping[str, Any]) -> list[str]:
+    """The workers (``worker_0``...) whose snapshot in a ``StatefulDataLoader``'s
+    ``state_dict()`` holds no dataset state, so no random state: their draws would not
+    resume. Empty for a loader without workers or an iterator not started."""
+    snapshot = state.get("_snapshot") or {}
+    workers = snapshot.get("_worker_snapshots") or {}
+    return sorted(
+        name
+        for name, worker in workers.items()
+        if isinstance(worker, Mapping)
+        and worker.get("dataset_state") is None
+        and worker.get("fetcher_state") is None
+    )

@@ -6,7 +6,14 @@ optimizer (keyed by parameter name), every scheduler, the grad scaler, the data 
 keep a position (``DataLoaderConfiguration(use_stateful_dataloader=True)``), every object
 registered with ``register_for_checkpointing``, every RNG (Python, numpy, torch, CUDA) and
 the accelerator's gradient-accumulation ``step``. ``load_state(accelerator)`` restores all of
-it in place, every byte verified before a live tensor changes.
+it in place, every byte verified before a live tensor changes. ``has_checkpoint(accelerator)``
+says whether there is a step to resume from (a first run has none).
+
+Each process saves and restores its own loader positions and RNG states. The workers of a
+stateful loader save their random state too (random augmentation in ``__getitem__``
+resumes exactly): every call here readies the prepared loaders for it, so call
+``has_checkpoint`` (or ``load_state``) before the first batch; a save whose workers started
+before that warns, naming the fix.
 
 Where the steps go follows the accelerator's ``ProjectConfiguration``: with
 ``automatic_checkpoint_naming`` the run directory is ``<project_dir>/checkpoints``, the step
@@ -24,16 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
+from statekeeper.checkpoint.listing import list_checkpoints
 from statekeeper.checkpoint.load import load
 from statekeeper.checkpoint.policies import KeepLatest
 from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.save import save
+from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.accelerate_loaders import AccelerateLoader, stateful_loaders
 from statekeeper.state.rng import RNGState
 from statekeeper.storage.local import LocalStorage
 
-__all__ = ["load_state", "save_state", "state_of"]
+__all__ = ["has_checkpoint", "load_state", "save_state", "state_of"]
 
 _STEP = "accelerator_step"
 
@@ -85,7 +94,7 @@ def state_of(accelerator: Any) -> dict[str, Any]:
         state["scaler"] = accelerator.scaler
     for i, loader in enumerate(stateful_loaders(accelerator)):
         name = f"dataloader_{i}" if i else "dataloader"
-        state[name] = AccelerateLoader(name, loader)
+        state[name] = PerRank(AccelerateLoader(name, loader))  # each rank's own
     for i, obj in enumerate(accelerator._custom_objects):
         state[f"custom_{i}"] = obj
     state["rng"] = RNGState()
@@ -126,6 +135,19 @@ def save_state(
         limit = KeepLatest(int(config.total_limit))
         apply_retention(LocalStorage(run), limit, protect=(number,))
     return info
+
+
+def has_checkpoint(accelerator: Any, input_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Whether the run ``input_dir`` (by default the one ``load_state`` reads) holds a
+    committed step to resume from: False on a first run, where ``load_state`` would raise.
+    Call it on every process, before the first batch (it readies the loaders' workers, see
+    the module docstring)::
+
+        step = load_state(accelerator).step if has_checkpoint(accelerator) else 0
+    """
+    state_of(accelerator)  # readies the loaders, refuses what is not supported
+    run, _ = _where(accelerator, input_dir)
+    return run.is_dir() and bool(list_checkpoints(run))
 
 
 def load_state(

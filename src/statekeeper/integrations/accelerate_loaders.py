@@ -8,18 +8,24 @@ loader is saved with its epoch, and restored by setting the epoch back (the next
 the saved pass had ended), giving the sampler its generator when it has none yet, and
 building the resumed iterator at once: it draws its seed from torch's global generator,
 which the restore sets back afterwards, as it was when the run saved.
+
+The loader's workers save their random state with their snapshots
+(:func:`statekeeper.data.worker_rng.carry_worker_rng`, applied when the loader is first
+seen); a save whose workers' snapshots hold none (workers started before that) warns.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
 from statekeeper.data.torchdata import UNRESUMABLE_SAMPLERS
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.data.worker_rng import carry_worker_rng, workers_without_rng
+from statekeeper.errors import InvalidArgumentError, StatekeeperWarning, user_stacklevel
 
-__all__ = ["AccelerateLoader", "stateful_loaders"]
+__all__ = ["AccelerateLoader", "stateful_loaders", "unresumable_sampler"]
 
 
 def _samplers(loader: Any) -> list[Any]:
@@ -29,6 +35,13 @@ def _samplers(loader: Any) -> list[Any]:
         getattr(getattr(outer, "batch_sampler", None), "sampler", None),
     ]
     return [s for s in found if s is not None]
+
+
+def unresumable_sampler(loader: Any) -> str | None:
+    """The name of the sampler of ``loader`` that draws a new order when made again
+    (torch's ``RandomSampler``...), or None."""
+    found = [type(s).__name__ for s in _samplers(loader) if type(s) in UNRESUMABLE_SAMPLERS]
+    return found[0] if found else None
 
 
 def _with_generator(loader: Any) -> None:
@@ -46,18 +59,33 @@ class AccelerateLoader:
     def __init__(self, name: str, loader: Any) -> None:
         self.name = name
         self.loader = loader
+        carry_worker_rng(getattr(loader, "base_dataloader", loader))
 
     def state_dict(self) -> dict[str, Any]:
-        for sampler in _samplers(self.loader):
-            if type(sampler) in UNRESUMABLE_SAMPLERS:
-                raise InvalidArgumentError(
-                    f"data loader {self.name!r} shuffles with torch's {type(sampler).__name__}, "
-                    "which draws a new order when made again, so a resumed run would see other "
-                    "batches. Pass DataLoaderConfiguration(use_stateful_dataloader=True, "
-                    "use_seedable_sampler=True) to the Accelerator"
-                )
+        sampler = unresumable_sampler(self.loader)
+        if sampler is not None:
+            raise InvalidArgumentError(
+                f"data loader {self.name!r} shuffles with torch's {sampler}, which draws a new "
+                "order when made again, so a resumed run would see other batches. Pass "
+                "DataLoaderConfiguration(use_stateful_dataloader=True, use_seedable_sampler=True) "
+                "to the Accelerator"
+            )
         _with_generator(self.loader)
-        return {"loader": self.loader.state_dict(), "epoch": int(self.loader.iteration)}
+        own = self.loader.state_dict()
+        missing = workers_without_rng(own)
+        if missing:
+            warnings.warn(
+                f"statekeeper: data loader {self.name!r}: the snapshots of its workers "
+                f"({', '.join(missing)}) hold no random state, because they started before "
+                "statekeeper first saw the loader: random augmentation in __getitem__ would "
+                "not resume exactly from this save. Call "
+                "statekeeper.integrations.accelerate.has_checkpoint(accelerator) (or "
+                "load_state) before the first batch, or wrap the dataset: "
+                "DataLoader(statekeeper.WorkerRNGDataset(dataset), ...)",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
+        return {"loader": own, "epoch": int(self.loader.iteration)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _with_generator(self.loader)

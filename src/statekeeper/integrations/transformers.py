@@ -21,8 +21,14 @@ into a Trainer subclass of your own, before it) and every checkpoint the Trainer
   (``load_best_model_at_end``) always stay.
 
 Resuming goes through the Trainer's own entry point, ``train(resume_from_checkpoint=...)``
-(a path, or ``True`` for the newest folder of ``output_dir``). A folder saved by the plain
-Trainer (no statekeeper step in it) is still resumed, the Trainer's own way.
+(a path, or ``True`` for the newest folder of ``output_dir``; on a first run, with no folder
+yet, ``True`` starts from scratch and logs so). A folder saved by the plain Trainer (no
+statekeeper step in it) is still resumed, the Trainer's own way.
+
+The training loader resumes where the saving run's stood, its workers' random state
+included (each rank its own; see :mod:`.hf_loader`), and ``extra_state={"ema": ema}``
+puts objects of the user's own (``state_dict`` / ``load_state_dict``: an EMA, a callback)
+into every step, restored when the resume reads the folder, before training continues.
 
 Supported: one process or DDP (``torchrun``); DeepSpeed, FSDP, XLA and SageMaker model
 parallel are refused at construction. It overrides private Trainer methods
@@ -33,7 +39,9 @@ pins the versions tested (docs/integrations.md).
 
 from __future__ import annotations
 
+import logging
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,14 +52,20 @@ from statekeeper.checkpoint.policies import KeepLatest, Retention
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import InvalidArgumentError, StatekeeperWarning
-from statekeeper.integrations import hf_layout
+from statekeeper.integrations import hf_layout, hf_loader, hf_parts
 from statekeeper.integrations.held import apply_named, named_state
-from statekeeper.integrations.hf_resume import ARGS_JSON, LoadedCheckpoint, ours, verify_folder
+from statekeeper.integrations.hf_resume import (
+    EXTRA,
+    LoadedCheckpoint,
+    checked_extra,
+    ours,
+    verify_folder,
+)
 from statekeeper.state.rng import RNGState
 
 __all__ = ["StatekeeperTrainer", "StatekeeperTrainerMixin"]
 
-_ARGS_BIN = "training_args.bin"  # pickled by Trainer._save: replaced by JSON
+_log = logging.getLogger(__name__)
 
 
 class StatekeeperTrainerMixin:
@@ -59,20 +73,33 @@ class StatekeeperTrainerMixin:
 
     ``retention`` (keyword, optional): the statekeeper ``Retention`` policy for the
     ``checkpoint-N`` folders; default ``KeepLatest(args.save_total_limit)``, or keep all.
+    ``extra_state`` (keyword, optional): objects of your own with ``state_dict()`` and
+    ``load_state_dict()`` by name (``{"ema": ema}``), saved in every step (rank 0's; wrap
+    one that differs between ranks in ``statekeeper.PerRank``) and restored in place on
+    resume, before training continues.
     """
 
     _sk_retention: Retention | None
     _sk_loaded: LoadedCheckpoint | None
+    _sk_extra: dict[str, Any]
 
-    def __init__(self, *args: Any, retention: Retention | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        retention: Retention | None = None,
+        extra_state: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidArgumentError(
                 f"retention must be a statekeeper Retention (KeepLatest(3)...), got {retention!r}"
             )
         self._sk_retention = retention
+        self._sk_extra = checked_extra(extra_state)
         self._sk_loaded = None
         self._sk_refuse_unsupported()
+        getattr(self, "add_callback")(hf_loader.CheckLoader())  # noqa: B009
 
     # ---- what this integration does not cover -------------------------------------------
 
@@ -83,7 +110,7 @@ class StatekeeperTrainerMixin:
             for name, on in (
                 ("DeepSpeed", t.is_deepspeed_enabled),
                 ("FSDP", t.is_fsdp_enabled or getattr(t, "is_fsdp_xla_enabled", False)),
-                ("SageMaker model parallel", _sagemaker_mp()),
+                ("SageMaker model parallel", hf_parts.sagemaker_mp()),
                 ("tensor parallelism", (getattr(t.args, "tp_size", 1) or 1) > 1),
             )
             if on
@@ -125,12 +152,12 @@ class StatekeeperTrainerMixin:
         final = run_dir / f"{hf_layout.PREFIX}-{step}"
         if args.should_save:
             hf_layout.remove_leftovers(run_dir)
-        _barrier(t)
+        hf_parts.barrier(t)
         t.save_model(str(built), _internal_call=True)
         self._sk_note_best(run_dir, step, final)
         if args.should_save:
-            _args_as_json(t, built)
-            _export_callback_state(t)
+            hf_parts.args_as_json(t, built)
+            hf_parts.export_callback_state(t)
             t.state.save_to_json(str(built / "trainer_state.json"))
         entries: dict[str, Any] = {}
         if not args.save_only_model:
@@ -148,9 +175,9 @@ class StatekeeperTrainerMixin:
                 flushed.result()
         if args.should_save:
             (built / ".statekeeper.lock").unlink(missing_ok=True)  # the save's, released
-            _set_aside_newer(run_dir, step)
+            hf_parts.set_aside_newer(run_dir, step)
             hf_layout.commit(built, step)
-        _barrier(t)
+        hf_parts.barrier(t)
         if args.push_to_hub:
             t._push_from_checkpoint(str(final))
         best = t.state.best_model_checkpoint
@@ -165,7 +192,7 @@ class StatekeeperTrainerMixin:
         strategy = getattr(t.args.save_strategy, "value", t.args.save_strategy)
         if not best_step or strategy not in ("steps", "epoch", "best"):
             return
-        _barrier(t)
+        hf_parts.barrier(t)
         best = run_dir / f"{hf_layout.PREFIX}-{best_step}"
         if best_step == step or best.exists():
             t.state.best_model_checkpoint = str(best if best_step != step else final)
@@ -173,6 +200,10 @@ class StatekeeperTrainerMixin:
     def _sk_training_state(self) -> dict[str, Any]:
         t: Any = self
         entries: dict[str, Any] = {"rng": RNGState()}
+        loader = hf_loader.entry(getattr(t.callback_handler, "train_dataloader", None))
+        if loader is not None:
+            entries["loader"] = loader
+        entries |= {f"{EXTRA}{name}": obj for name, obj in self._sk_extra.items()}
         if t.optimizer is not None:
             entries["optimizer"] = named_state(t.optimizer, t.model)
         if t.lr_scheduler is not None:
@@ -193,12 +224,20 @@ class StatekeeperTrainerMixin:
         folder = Path(checkpoint)
         loaded = self._sk_loaded
         if loaded is None or loaded.folder != folder or (need and need not in loaded.state):
-            self._sk_loaded = loaded = LoadedCheckpoint(folder)
+            self._sk_loaded = loaded = LoadedCheckpoint(folder, self._sk_extra)
         return loaded
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         self._sk_loaded = None  # a new resume reads its folder afresh
-        self._sk_for(resume_from_checkpoint)  # verified before the model changes
+        # verified before the model changes; extra_state restored here
+        if self._sk_for(resume_from_checkpoint) is None and self._sk_extra:
+            warnings.warn(
+                f"statekeeper: {resume_from_checkpoint} was saved by the plain Trainer: the "
+                f"extra_state ({', '.join(self._sk_extra)}) is not in it and keeps its "
+                "current value; resume from a checkpoint-N StatekeeperTrainer saved",
+                StatekeeperWarning,
+                stacklevel=3,
+            )
         super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
@@ -224,10 +263,18 @@ class StatekeeperTrainerMixin:
             scaler.load_state_dict(saved)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
+        early = self._sk_loaded
+        if early is not None and early.rng_early and early.folder == Path(str(checkpoint)):
+            early.rng_early = False  # restored before the resumed epoch's first batch
+            return
         loaded = self._sk_for(checkpoint, "rng")
         if loaded is None:
             super()._load_rng_state(checkpoint)  # type: ignore[misc]
             return
+        saved = loaded.take_loader()  # a resume at an epoch's end: persistent workers
+        loader = getattr(getattr(self, "callback_handler"), "train_dataloader", None)  # noqa: B009
+        if saved is not None and hf_loader.persists_across_epochs(loader, saved):
+            hf_loader.restore(loader, saved)  # they carried their generators over the end
         loaded.restore_rng()
 
     def _load_best_model(self) -> None:
@@ -236,61 +283,47 @@ class StatekeeperTrainerMixin:
             verify_folder(Path(best))
         super()._load_best_model()  # type: ignore[misc]
 
+    def get_train_dataloader(self) -> Any:
+        """The Trainer's training loader, as a ``StatefulDataLoader`` whose workers save
+        their random state (see :mod:`.hf_loader`)."""
+        t: Any = self
+        return hf_loader.build_stateful(t.accelerator, super().get_train_dataloader)  # type: ignore[misc]
+
+    def _sk_resume_loader(self, dataloader: Any, num_batches: int) -> Any:
+        """In place of the Trainer's skip: the loader put back where the saving run's
+        stood, then the RNG restored before its first batch (None: the Trainer's skip)."""
+        loaded = self._sk_loaded
+        saved = loaded.take_loader() if loaded is not None else None
+        if loaded is None or saved is None or not hf_loader.restore(dataloader, saved):
+            return None
+        loaded.restore_rng()
+        loaded.rng_early = True
+        return dataloader
+
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; the folders the Trainer itself deletes at the end of a run
         (``save_total_limit=1`` with a best model) are renamed aside before their files go,
-        so a kill then never leaves a half-deleted ``checkpoint-N`` for a resume to pick."""
+        so a kill then never leaves a half-deleted ``checkpoint-N`` for a resume to pick.
+        ``resume_from_checkpoint=True`` with no ``checkpoint-N`` yet starts from scratch."""
         import transformers.trainer as trainer_module
 
-        with hf_layout.safe_removal(trainer_module):
+        resume = args[0] if args else kwargs.get("resume_from_checkpoint")
+        t: Any = self
+        if resume is True and not hf_layout.checkpoints(t.args.output_dir):
+            _log.info(
+                "statekeeper: no checkpoint-N in %s to resume from: training from scratch",
+                t.args.output_dir,
+            )
+            if args:
+                args = (None, *args[1:])
+            else:
+                kwargs["resume_from_checkpoint"] = None
+        with (
+            hf_layout.safe_removal(trainer_module),
+            hf_loader.resuming(trainer_module, self._sk_resume_loader),
+        ):
             return super().train(*args, **kwargs)  # type: ignore[misc]
 
 
 class StatekeeperTrainer(StatekeeperTrainerMixin, Trainer):
     """``transformers.Trainer`` whose checkpoints are statekeeper's (see the module)."""
-
-
-def _sagemaker_mp() -> bool:
-    from transformers.utils.import_utils import is_sagemaker_mp_enabled
-
-    return bool(is_sagemaker_mp_enabled())
-
-
-def _set_aside_newer(run_dir: Path, step: int) -> None:
-    moved = hf_layout.set_aside_newer(run_dir, step)
-    if moved:
-        warnings.warn(
-            f"statekeeper: {run_dir} held checkpoint folders newer than this run's step "
-            f"{step} (a run this one rolled back from, or an older run): renamed aside as "
-            f"{', '.join(p.name for p in moved)} so that a resume cannot jump onto them; "
-            "delete them when they are not needed",
-            StatekeeperWarning,
-            stacklevel=3,
-        )
-
-
-def _barrier(trainer: Any) -> None:
-    if trainer.args.world_size > 1:
-        trainer.accelerator.wait_for_everyone()
-
-
-def _args_as_json(trainer: Any, folder: Path) -> None:
-    """The training arguments as JSON in place of the pickled ``training_args.bin``."""
-    (folder / _ARGS_BIN).unlink(missing_ok=True)
-    (folder / ARGS_JSON).write_text(trainer.args.to_json_string() + "\n")
-
-
-def _export_callback_state(trainer: Any) -> None:
-    """Record the stateful callbacks' state in ``trainer.state``, as the Trainer's own
-    save does before it writes ``trainer_state.json``."""
-    from transformers.trainer_callback import ExportableState
-
-    for cb in [*trainer.callback_handler.callbacks, trainer.control]:
-        if not isinstance(cb, ExportableState):
-            continue
-        name = type(cb).__name__
-        slot = trainer.state.stateful_callbacks.get(name)
-        if isinstance(slot, list):
-            slot.append(cb.state())
-        else:
-            trainer.state.stateful_callbacks[name] = cb.state()

@@ -23,7 +23,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import list_partial, warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.location import PathOrStorage, committed, resolve_storage
-from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, Uploader
+from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.resume import newest_intact
@@ -31,6 +31,7 @@ from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.save import save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import SignalWatch
+from statekeeper.checkpoint.uploader import Uploader
 from statekeeper.errors import (
     InvalidArgumentError,
     StatekeeperError,
@@ -162,10 +163,14 @@ class Checkpointer:
             for partial in list_partial(self.storage):
                 self.storage.remove(partial.name)
         full = self._with_rng(state)
-        tiers = [self.storage, *([] if self._uploader is None else [self._uploader.remote])]
-        info = newest_intact(
-            tiers, full, strict=strict, scope=self._scope, change=on_optimizer_change
-        )
+        if self._uploader is not None:  # both tiers (checkpoint/tiered.py)
+            info = self._uploader.restore(
+                full, strict=strict, scope=self._scope, change=on_optimizer_change
+            )
+        else:
+            info = newest_intact(
+                [self.storage], full, strict=strict, scope=self._scope, change=on_optimizer_change
+            )
         if info is not None:
             if isinstance(state, MutableMapping):  # plain values, as load assigns them
                 state.update(info.values)

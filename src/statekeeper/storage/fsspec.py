@@ -196,7 +196,7 @@ class FsspecStorage:
                 continue
             if not rest and info.get("type") == "directory":
                 names.add(head)
-            elif rest == self.marker and info.get("type") == "file":
+            elif rest == self.marker:  # whatever it is: reading it says what is wrong
                 names.add(head)
                 marked.add(head)
         return sorted(n if n in marked else n + INCOMPLETE for n in names)

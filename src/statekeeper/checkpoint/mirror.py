@@ -1,13 +1,17 @@
 """A second tier: every committed step copied, in the background, to a mirror.
 
 A Checkpointer with ``mirror=Mirror("s3://bucket/run", ...)`` commits each step on its own
-(local, fast) tier as always, then hands the step to an :class:`Uploader`. The uploader's
+(local, fast) tier as always, then hands the step to an uploader
+(:mod:`statekeeper.checkpoint.uploader`). Its
 thread copies the step to the mirror with the mirror's own commit protocol: every tensor
 file first, each checked against the checksum the manifest records for it while it is
 streamed (a local file damaged since the save is never uploaded as good), the manifest last,
 byte for byte. A file that the mirror's previous step holds with the same checksum is copied
 by the store itself (incremental). At most ``concurrency`` files move at once; a failed
-transfer is retried ``retries`` times, waiting ``backoff`` seconds, doubled each time.
+request is retried ``retries`` times, waiting ``backoff`` seconds, doubled each time, and
+gives up after ``timeout`` seconds without an answer. Steps waiting for their upload are
+recorded in the run directory's upload journal, so that a killed process's are uploaded by
+the next one; a resume reads both tiers (:mod:`statekeeper.checkpoint.tiered`).
 
 An upload that fails for good leaves no committed step on the mirror; it is kept, warned
 about at the next save, raised (:class:`~statekeeper.errors.MirrorError`) by ``wait()`` and

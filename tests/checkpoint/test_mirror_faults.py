@@ -40,12 +40,28 @@ def steps(storage: Any) -> list[int]:
     return [i.step for i in sk.list_checkpoints(storage)]
 
 
+def failing(arm: Callable[[str], None], match: str) -> None:
+    """One failure of a request as the mirror sees it: ``FAULTS`` in a row on the wire,
+    more than the client stack sends a request by itself (aiohttp and aiobotocore send one
+    up to three times here), fewer than the mirror's retries (``RETRIES``) send it."""
+    for _ in range(FAULTS):
+        arm(match)
+
+
+FAULTS = 4
+RETRIES = 5
+
+
 def direct(s3_server: S3Server, bucket: str) -> sk.FsspecStorage:
     return sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
 
 
 def through(proxy: FaultyProxy, bucket: str) -> sk.FsspecStorage:
-    return sk.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
+    """The run through the proxy, by a client that does not retry on its own (s3fs's retry
+    loop off, as botocore's): a fault the proxy injects is the one the mirror sees."""
+    storage = sk.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
+    storage.fs.retries = 1
+    return storage
 
 
 def returns(call: Callable[[], Any]) -> Any:
@@ -88,9 +104,9 @@ def test_one_failed_listing_of_the_mirror_never_restarts_the_run(
     tmp_path: Path, s3_server: S3Server, proxy: FaultyProxy, bucket: str
 ) -> None:
     saved = two_steps_uploaded(tmp_path, direct(s3_server, bucket))
-    proxy.cut_next("list-type=2")  # the mirror's listing: one connection reset
+    failing(proxy.cut_next, "list-type=2")  # the mirror's listing: connections reset
     fresh, _, _ = lora_state(width=128)
-    mirror = sk.Mirror(through(proxy, bucket), backoff=0.0)
+    mirror = sk.Mirror(through(proxy, bucket), retries=RETRIES, backoff=0.0)
     with sk.Checkpointer(tmp_path / "node-b", mirror=mirror) as ckpt:  # a new node
         assert ckpt.restore_latest(fresh) == 2
     assert_model(fresh, saved)
@@ -114,9 +130,9 @@ def test_one_failed_download_of_the_newest_step_is_retried_not_skipped(
     tmp_path: Path, s3_server: S3Server, proxy: FaultyProxy, bucket: str
 ) -> None:
     saved = two_steps_uploaded(tmp_path, direct(s3_server, bucket))
-    proxy.cut_next("step_000000002/tensors-00001")
+    failing(proxy.cut_next, "step_000000002/tensors-00001")
     fresh, _, _ = lora_state(width=128)
-    mirror = sk.Mirror(through(proxy, bucket), backoff=0.0)
+    mirror = sk.Mirror(through(proxy, bucket), retries=RETRIES, backoff=0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing skipped
         with sk.Checkpointer(tmp_path / "node-b", mirror=mirror) as ckpt:
@@ -128,9 +144,9 @@ def test_a_download_corrupted_in_transit_is_downloaded_again(
     tmp_path: Path, s3_server: S3Server, proxy: FaultyProxy, bucket: str
 ) -> None:
     saved = two_steps_uploaded(tmp_path, direct(s3_server, bucket))
-    proxy.corrupt_next("step_000000002/tensors-00001")  # one bit of the answer flipped
-    fresh, _, _ = lora_state(width=128)
-    mirror = sk.Mirror(through(proxy, bucket), backoff=0.0)
+    failing(proxy.corrupt_next, "GET /" + bucket + "/run/step_000000002/tensors-00001")
+    fresh, _, _ = lora_state(width=128)  # one bit of each answer flipped
+    mirror = sk.Mirror(through(proxy, bucket), retries=RETRIES, backoff=0.0)
     with sk.Checkpointer(tmp_path / "node-b", mirror=mirror) as ckpt:
         assert ckpt.restore_latest(fresh) == 2
     assert_model(fresh, saved)

@@ -19,7 +19,7 @@ from tests.helpers import launcher
 from tests.helpers.s3 import S3Server
 
 import statekeeper as sk
-from statekeeper.checkpoint import mirror as mirror_module
+from statekeeper.checkpoint import uploader as mirror_module
 from statekeeper.storage import fsspec as fsspec_storage
 
 
@@ -231,7 +231,7 @@ def test_unchanged_files_are_copied_by_the_store_on_the_mirror_too(
     assert sk.verify(remote).ok
 
 
-def test_a_killed_upload_leaves_no_step_on_the_mirror_that_is_not_whole(
+def test_a_killed_upload_is_resumed_by_the_next_process(
     tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage
 ) -> None:
     child = launcher.Popen(
@@ -245,12 +245,13 @@ def test_a_killed_upload_leaves_no_step_on_the_mirror_that_is_not_whole(
     assert steps(tmp_path) == [1, 2]  # both committed locally
     assert steps(remote) == [1]  # step 2's upload was cut: not committed there
     state = {"w": torch.zeros(300_000), "b": torch.zeros(1000)}
-    with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), mirror=sk.Mirror(remote)) as ckpt:
         assert ckpt.restore_latest(state) == 2  # the newest intact step: local
-        ckpt.save(3, state)
+        ckpt.save(3, state)  # local retention keeps step 2: its upload is not done
         ckpt.wait()
-    assert steps(remote) == [1, 3]
+    assert steps(remote) == [1, 2, 3]  # the restarted process uploaded the cut step
     assert sk.verify(remote).ok
+    assert steps(tmp_path) == [2, 3]  # step 2: resumed from, and waiting at the save
 
 
 def test_mirror_arguments_are_checked(tmp_path: Path) -> None:

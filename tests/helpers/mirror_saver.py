@@ -1,8 +1,10 @@
-"""A Checkpointer whose mirror upload of step 2 is cut by a SIGKILL.
+"""A Checkpointer whose mirror upload of its last step is cut by a SIGKILL.
 
-Usage: python -m tests.helpers.mirror_saver RUN_DIR ENDPOINT URL. Saves step 1 (committed
-locally and uploaded), then step 2; once the first file of step 2's upload is on the server
-it prints ``mid-upload`` and waits for the test's SIGKILL.
+Usage: python -m tests.helpers.mirror_saver RUN_DIR ENDPOINT URL [LAST]. Saves steps 1 to
+LAST - 1 (LAST: 2 by default), each committed locally and uploaded, then step LAST; once
+the first file of that step's upload is on the server it prints ``mid-upload`` and waits
+for the test's SIGKILL. With LAST given, the local tier keeps ``KeepLatest(1)`` and the
+mirror ``KeepEvery(5)``.
 """
 
 from __future__ import annotations
@@ -17,14 +19,21 @@ import statekeeper as sk
 
 def main() -> None:
     run, endpoint, url = sys.argv[1], sys.argv[2], sys.argv[3]
-    mirror = sk.Mirror(sk.FsspecStorage(url, **options_for(endpoint)))
+    last = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    policies = len(sys.argv) > 4
+    mirror = sk.Mirror(
+        sk.FsspecStorage(url, **options_for(endpoint)),
+        keep=sk.KeepEvery(5) if policies else None,
+    )
+    keep = sk.KeepLatest(1) if policies else None
     state = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(1000)}
-    with sk.Checkpointer(run, mirror=mirror, shard_bytes=500_000) as ckpt:
-        ckpt.save(1, state)
-        ckpt.wait()
+    with sk.Checkpointer(run, keep=keep, mirror=mirror, shard_bytes=500_000) as ckpt:
+        for step in range(1, last):
+            ckpt.save(step, state)
+            ckpt.wait()
+            state["w"] += 1
         pause_after_first_upload()
-        state["w"] += 1
-        ckpt.save(2, state)
+        ckpt.save(last, state)
         ckpt.wait()
 
 

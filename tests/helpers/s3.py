@@ -8,13 +8,16 @@ the stored objects stay. Nothing leaves the machine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
+import threading
 import time
 import uuid
 from typing import Any
 
-__all__ = ["S3Server", "options_for", "pause_after_first_upload"]
+__all__ = ["FaultyProxy", "S3Server", "options_for", "pause_after_first_upload"]
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
@@ -105,3 +108,133 @@ class S3Server:
         )
         client.create_bucket(Bucket=name)  # us-east-1: no location constraint
         return name
+
+
+class FaultyProxy:
+    """A TCP proxy on 127.0.0.1 in front of the S3 server, that can fail requests as a
+    network does: ``cut_next(match)`` closes the connection of the next request whose
+    request line contains ``match`` (before it reaches the server), ``corrupt_next(match)``
+    flips the last byte of the body of the answer to the next such request, ``down()``
+    cuts every request until ``up()``, and ``hang()`` makes it a peer that accepts
+    connections and never answers (what it is sent is swallowed). ``requests`` lists the
+    request lines that went through."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self._upstream = upstream_port
+        self._lock = threading.Lock()
+        self._faults: list[tuple[str, str]] = []
+        self._down = False
+        self._hung = False
+        self.requests: list[str] = []
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def options(self) -> dict[str, Any]:
+        fail_fast = {"retries": {"max_attempts": 1, "mode": "standard"}}
+        return options_for(self.endpoint) | {"config_kwargs": fail_fast}
+
+    def cut_next(self, match: str) -> None:
+        with self._lock:
+            self._faults.append(("cut", match))
+
+    def corrupt_next(self, match: str) -> None:
+        with self._lock:
+            self._faults.append(("corrupt", match))
+
+    def down(self) -> None:
+        self._down = True
+
+    def up(self) -> None:
+        self._down = False
+
+    def hang(self) -> None:
+        self._hung = True
+
+    def _fault(self, line: str) -> str | None:
+        with self._lock:
+            self.requests.append(line)
+            if self._down:
+                return "cut"
+            for i, (kind, match) in enumerate(self._faults):
+                if match in line:
+                    del self._faults[i]
+                    return kind
+        return None
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: Any) -> None:
+        if self._hung:
+            while client.recv(1 << 16):
+                pass  # swallowed: never answered
+            return
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self._upstream))
+        except OSError:
+            client.close()
+            return
+        corrupt = threading.Event()
+
+        def close() -> None:
+            for s in (client, upstream):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+        def to_server() -> None:
+            try:
+                while data := client.recv(1 << 16):
+                    if self._hung:
+                        continue  # swallowed from now on
+                    if data[:8].split(b" ")[0] in (b"GET", b"PUT", b"HEAD", b"POST", b"DELETE"):
+                        kind = self._fault(data.split(b"\r\n", 1)[0].decode("latin-1"))
+                        if kind == "cut":
+                            close()
+                            return
+                        if kind == "corrupt":
+                            corrupt.set()
+                    upstream.sendall(data)
+            except OSError:
+                pass
+
+        def to_client() -> None:
+            pending = b""
+            try:
+                while data := upstream.recv(1 << 16):
+                    if self._hung:
+                        continue
+                    if corrupt.is_set():
+                        pending += data
+                        head, sep, body = pending.partition(b"\r\n\r\n")
+                        if not sep:
+                            continue
+                        length = 0
+                        for line in head.split(b"\r\n")[1:]:
+                            name, _, value = line.partition(b":")
+                            if name.strip().lower() == b"content-length":
+                                length = int(value)
+                        if len(body) < length:
+                            continue
+                        flipped = bytearray(body)
+                        flipped[length - 1] ^= 0x01
+                        data, pending = head + sep + bytes(flipped), b""
+                        corrupt.clear()
+                    client.sendall(data)
+            except OSError:
+                pass
+
+        threading.Thread(target=to_server, daemon=True).start()
+        to_client()
+        close()

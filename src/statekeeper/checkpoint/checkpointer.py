@@ -30,7 +30,7 @@ from statekeeper.checkpoint.location import (
     resolve_storage,
     validate_step,
 )
-from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, Uploader
+from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.paths import writer_lock
@@ -40,6 +40,7 @@ from statekeeper.checkpoint.retention import Retainer, RetentionStatus
 from statekeeper.checkpoint.save import check_state, save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import SignalWatch
+from statekeeper.checkpoint.uploader import Uploader
 from statekeeper.checkpoint.writer import METRICS
 from statekeeper.errors import (
     InvalidArgumentError,
@@ -184,10 +185,14 @@ class Checkpointer:
         if self._leader:  # interrupted saves go; a set-aside committed copy comes back
             clean_up(self.storage)
         full = self._with_rng(state)
-        tiers = [self.storage, *([] if self._uploader is None else [self._uploader.remote])]
-        info = newest_intact(
-            tiers, full, strict=strict, scope=self._scope, change=on_optimizer_change
-        )
+        if self._uploader is not None:  # both tiers (checkpoint/tiered.py)
+            info = self._uploader.restore(
+                full, strict=strict, scope=self._scope, change=on_optimizer_change
+            )
+        else:
+            info = newest_intact(
+                [self.storage], full, strict=strict, scope=self._scope, change=on_optimizer_change
+            )
         if self._leader:
             self._damaged = damaged_since(self.storage, None if info is None else info.step)
         if info is not None:

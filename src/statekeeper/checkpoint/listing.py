@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.journal import JOURNAL
 from statekeeper.checkpoint.location import (
     Location,
     PathOrStorage,
@@ -95,7 +96,7 @@ def warn_if_foreign(storage: Storage) -> None:
         names = [*storage.entries(), *storage.files("")]
     except (OSError, StatekeeperError):
         return
-    other = sorted(n for n in names if n != LOCK_FILE and parse_entry(n) is None)
+    other = sorted(n for n in names if n not in (LOCK_FILE, JOURNAL) and parse_entry(n) is None)
     if other:
         shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
         warnings.warn(

@@ -11,16 +11,17 @@ the first retry and doubling; a damaged local file is never retried.
 
 from __future__ import annotations
 
-import time
+import errno
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from statekeeper.checkpoint.incremental import Reuser, previous_step
 from statekeeper.checkpoint.location import committed
 from statekeeper.checkpoint.naming import step_entry
-from statekeeper.errors import CorruptCheckpointError, StepNotFoundError
+from statekeeper.errors import CorruptCheckpointError, StepNotFoundError, StorageError
 from statekeeper.format.checksum import Buffer, Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest
 from statekeeper.storage.base import Storage, Transaction
@@ -34,22 +35,30 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Transfer:
     """How files move: at most ``concurrency`` at once, each request tried ``retries``
-    more times after a failure, waiting ``backoff`` seconds before the first retry."""
+    more times after a failure, waiting ``backoff`` seconds before the first retry. Once
+    ``stop`` is set, no request is begun or retried any more (``StorageError``,
+    ``ECANCELED``)."""
 
     concurrency: int
     retries: int
     backoff: float
+    stop: threading.Event = field(default_factory=threading.Event, compare=False)
+
+    def _check(self) -> None:
+        if self.stop.is_set():
+            raise StorageError(errno.ECANCELED, "stopped: the Checkpointer stopped uploading")
 
     def attempt(self, call: Callable[[], T]) -> T:
         for n in range(self.retries + 1):
+            self._check()
             try:
                 return call()
-            except CorruptCheckpointError:
-                raise  # the local copy is damaged: no retry can help
+            except (CorruptCheckpointError, FileNotFoundError):
+                raise  # damaged, or absent: no retry can help
             except OSError:
                 if n == self.retries:
                     raise
-                time.sleep(self.backoff * 2**n)
+                self.stop.wait(self.backoff * 2**n)
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -127,6 +127,7 @@ class FsspecStorage:
     def __init__(self, url: str, *, marker: str = "manifest.json", **storage_options: Any) -> None:
         self.url = url.rstrip("/") + ("//" if url.rstrip("/").endswith(":") else "")
         self.marker = marker
+        self.options = dict(storage_options)
         self.fs, self.root = _filesystem(url, storage_options)
         self._mutex = threading.Lock()
         self._depth = 0
@@ -146,28 +147,64 @@ class FsspecStorage:
     def _real(self, entry: str) -> str:
         return entry.removesuffix(INCOMPLETE)
 
+    def with_timeout(self, seconds: float) -> FsspecStorage:
+        """This run directory through a client of its own whose every request gives up after
+        ``seconds`` without progress (to connect, and between two reads of an answer) and is
+        tried once (the caller retries). Applied to s3fs (``s3://``): botocore's
+        ``connect_timeout``/``read_timeout``, its retries and s3fs's own off. Other back-ends
+        keep the timeouts given in their ``storage_options``: this storage itself."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        if "s3" not in protocols:
+            return self
+        options = dict(self.options)
+        config = dict(options.get("config_kwargs") or {})
+        config.update(
+            connect_timeout=seconds,
+            read_timeout=seconds,
+            retries={"max_attempts": 1, "mode": "standard"},
+        )
+        options.update(config_kwargs=config, skip_instance_cache=True)
+        bounded = FsspecStorage(self.url, marker=self.marker, **options)
+        bounded.fs.retries = 1  # s3fs's own retry loop: one try
+        return bounded
+
     @translated("looking for")
     def exists(self) -> bool:
+        self.fs.invalidate_cache()  # what the store holds now, never a listing cached before
         return bool(self.fs.exists(self.root))
 
     @translated("listing")
     def entries(self) -> list[str]:
+        """One flat listing of everything under the run directory (an object store pages it,
+        1,000 keys a request), never served from the file system's listing cache: what
+        another process committed since is seen, and a prefix that is no step (other files
+        beside the run) costs its share of that listing only, never a request of its own."""
+        self.fs.invalidate_cache()
         try:
-            listed = self.fs.ls(self.root, detail=True)
+            found = self.fs.find(self.root, withdirs=True, detail=True)
         except FileNotFoundError:
             return []
-        out = []
-        for info in listed:
-            if info.get("type") != "directory":
+        prefix = self.root + "/"
+        names: set[str] = set()
+        marked: set[str] = set()
+        for path, info in found.items():
+            path = str(path).rstrip("/")
+            if not path.startswith(prefix):
                 continue
-            name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
-            committed = self.fs.exists(self.path(name, self.marker))
-            out.append(name if committed else name + INCOMPLETE)
-        return sorted(out)
+            head, _, rest = path[len(prefix) :].partition("/")
+            if not head:
+                continue
+            if not rest and info.get("type") == "directory":
+                names.add(head)
+            elif rest == self.marker:  # whatever it is: reading it says what is wrong
+                names.add(head)
+                marked.add(head)
+        return sorted(n if n in marked else n + INCOMPLETE for n in names)
 
     @translated("listing")
     def files(self, entry: str) -> list[str]:
         base = self.path(self._real(entry))
+        self.fs.invalidate_cache(base)
         if not self.fs.isdir(base):
             raise FileNotFoundError(self.describe(entry))
         listed = self.fs.ls(base, detail=True)

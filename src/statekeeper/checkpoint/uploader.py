@@ -1,0 +1,331 @@
+"""The uploader: copies committed steps of the local tier to a :class:`Mirror` on a thread
+of its own (see :mod:`statekeeper.checkpoint.mirror` for what a mirror promises).
+
+The steps not uploaded yet are recorded in the run directory's upload journal
+(:mod:`statekeeper.checkpoint.journal`): a process killed mid-upload leaves them there, and
+the next uploader for the same mirror queues them first (its local retention keeps them
+until they are uploaded). ``finish`` (``close()``) waits at most ``Mirror.close_timeout``
+seconds and stops at the first upload that fails while closing; what is still waiting then
+is warned about and stays in the journal. A process that ends without ``close()`` does the
+same at interpreter exit, before ``concurrent.futures`` refuses new work.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures.thread  # noqa: F401  its exit hook first: ours is run before it
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from statekeeper.checkpoint.info import RestoreInfo
+from statekeeper.checkpoint.journal import Journal
+from statekeeper.checkpoint.load import Strict
+from statekeeper.checkpoint.location import committed, resolve_storage
+from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
+from statekeeper.checkpoint.remote import Retrying
+from statekeeper.checkpoint.retention import apply_retention
+from statekeeper.checkpoint.scope import Scope
+from statekeeper.checkpoint.tiered import newest_of_tiers
+from statekeeper.checkpoint.upload import Transfer, upload_step
+from statekeeper.errors import (
+    InvalidArgumentError,
+    MirrorError,
+    StatekeeperWarning,
+    user_stacklevel,
+)
+from statekeeper.state.optimizer import OptimizerChange
+from statekeeper.storage.base import Storage
+from statekeeper.storage.fsspec import FsspecStorage
+from statekeeper.storage.places import same_place
+
+__all__ = ["RETRY_STEPS", "Uploader"]
+
+RETRY_STEPS = 3
+"""How many times in all a step's upload is tried in one process (once, then with each of
+the next saves)."""
+
+
+class Uploader:
+    """Copies committed steps of ``local`` to ``mirror`` on a thread of its own."""
+
+    def __init__(self, local: Storage, mirror: Mirror) -> None:
+        self.local = local
+        self.mirror = mirror
+        remote = resolve_storage(mirror.target)
+        if same_place(remote, local):
+            raise InvalidArgumentError(
+                f"the mirror {remote.describe()} is the run directory {local.describe()} "
+                "itself (the same directory, however spelled): its retention would delete "
+                "the run's own steps. Mirror to another storage"
+            )
+        if isinstance(remote, FsspecStorage):
+            remote = remote.with_timeout(mirror.timeout)
+        self.remote = remote
+        self.reader = Retrying(remote, Transfer(1, mirror.retries, mirror.backoff))
+        self.journal = Journal(local, remote.describe())
+        self._reset()
+        self._resume()
+        _uploaders.add(self)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._transfer = Transfer(self.mirror.concurrency, self.mirror.retries, self.mirror.backoff)
+        self._queue: deque[int] = deque()
+        self._uploading: int | None = None
+        self._uploaded: int | None = None
+        self._failed: dict[int, BaseException] = {}
+        self._attempts: dict[int, int] = {}
+        self._unreported: list[int] = []
+        self._unwarned: list[int] = []
+        self._thread: threading.Thread | None = None
+        self._closing = False  # while closing, a failed upload stops the ones after it
+        self._halted = False
+        self._finished = False
+
+    def _resume(self) -> None:
+        """Queue the steps an earlier process left in the journal (uploaded from the next
+        ``submit``, ``restore``, ``wait`` or ``finish`` on: this process holds the run's lock
+        by then)."""
+        waiting = self.journal.read()
+        if not waiting:
+            return
+        present = {p.step for p in committed(self.local)}
+        gone = sorted(waiting - present)
+        if gone:
+            warnings.warn(
+                f"statekeeper: steps {gone} of {self.local.describe()} were waiting for their "
+                f"upload to {self.remote.describe()} but are no longer on the local tier: "
+                "they cannot be uploaded (check that the mirror holds what it should)",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
+        self._queue.extend(sorted(waiting & present))
+
+    def _record(self) -> None:
+        """The journal follows what is waiting (called without the condition held)."""
+        self.journal.write(self.pending())
+
+    def _start(self) -> None:
+        """Start the thread when there is work and none runs (the condition is held)."""
+        if self._thread is None and self._queue and not self._halted:
+            # a daemon: interpreter exit waits for it through the exit hook, within a bound
+            thread = threading.Thread(target=self._run, name="statekeeper-mirror", daemon=True)
+            thread.start()
+            self._thread = thread
+
+    def submit(self, step: int) -> None:
+        """Upload committed ``step`` after those already waiting, and try again the steps
+        whose upload failed (each at most ``RETRY_STEPS`` times)."""
+        with self._cond:
+            retry = [s for s in self._failed if self._attempts.get(s, 0) < RETRY_STEPS]
+            for s in (*sorted(retry), step):
+                if s not in self._queue and s != self._uploading:
+                    self._queue.append(s)
+            self._start()
+            self._cond.notify_all()
+        self._record()
+
+    def pending(self) -> set[int]:
+        """Steps not on the mirror yet that will be tried again: waiting, being uploaded,
+        or failed with tries left. Local retention keeps them."""
+        with self._cond:
+            retry = {s for s in self._failed if self._attempts.get(s, 0) < RETRY_STEPS}
+            current = [] if self._uploading is None else [self._uploading]
+            return {*self._queue, *current, *retry}
+
+    def status(self) -> MirrorStatus:
+        with self._cond:
+            return MirrorStatus(
+                self.remote.describe(),
+                tuple(self._queue),
+                self._uploading,
+                self._uploaded,
+                {s: f"{type(e).__name__}: {e}" for s, e in self._failed.items()},
+            )
+
+    def restore(
+        self, state: Mapping[str, Any], *, strict: Strict, scope: Scope, change: OptimizerChange
+    ) -> RestoreInfo | None:
+        """The newest step of either tier, loaded into ``state`` (see
+        :mod:`statekeeper.checkpoint.tiered`); the steps left in the journal start
+        uploading."""
+        try:
+            return newest_of_tiers(
+                self.local, self.reader, self.mirror, state, strict=strict, scope=scope,
+                change=change,
+            )  # fmt: skip
+        finally:
+            with self._cond:
+                self._start()
+
+    def warn_new_failures(self) -> None:
+        """A ``StatekeeperWarning`` for each failure not warned about yet."""
+        with self._cond:
+            found, self._unwarned = self._unwarned, []
+            failures = [(s, self._failed[s]) for s in found if s in self._failed]
+        for step, exc in failures:
+            warnings.warn(
+                f"statekeeper: uploading step {step} to {self.remote.describe()} failed "
+                f"({type(exc).__name__}: {exc}); the step stays on the local tier and its "
+                "upload is tried again with the next save; wait()/close() raise it",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
+
+    def _idle(self, seconds: float | None) -> bool:
+        """Wait until the thread has ended (nothing queued, or halted); False when
+        ``seconds`` passed first."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with self._cond:
+            self._start()
+            while self._thread is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _raise_failures(self) -> None:
+        with self._cond:
+            failed, self._unreported = self._unreported, []
+            errors = [(s, self._failed[s]) for s in failed if s in self._failed]
+        if errors:
+            detail = "; ".join(f"step {s}: {type(e).__name__}: {e}" for s, e in errors)
+            raise MirrorError(
+                f"uploading to {self.remote.describe()} failed ({detail}). Later steps were "
+                "uploaded as usual; a failed step stays on the local tier while its upload "
+                f"is tried again (with each of the next {RETRY_STEPS} saves, and by the next "
+                "process, from the upload journal)",
+                [s for s, _ in errors],
+            ) from errors[-1][1]
+
+    def wait(self) -> None:
+        """Wait until every submitted step is uploaded or has failed; raise ``MirrorError``
+        for the failures not reported yet (each once)."""
+        self._idle(None)
+        self._raise_failures()
+
+    def finish(self, *, quiet: bool, why: str = "close()") -> None:
+        """Wait for the uploads, ``Mirror.close_timeout`` seconds at most and until the first
+        one that fails; warn about the steps still waiting (the journal keeps them); raise
+        the failures not reported yet, or only warn about them with ``quiet`` (an error is
+        already on its way out)."""
+        with self._cond:
+            self._closing = True
+            self._finished = True
+        finished = self._idle(self.mirror.close_timeout)
+        if not finished:
+            self._transfer.stop.set()  # no further request: the journal keeps the steps
+            with self._cond:
+                self._halted = True
+        with self._cond:  # not tried (a failure is raised below, named there)
+            left = sorted({*self._queue, *([] if self._uploading is None else [self._uploading])})
+        if left:
+            reason = (
+                f"did not finish within Mirror(close_timeout={self.mirror.close_timeout:g}) s"
+                if not finished
+                else "stopped after an upload failed"
+            )
+            warnings.warn(
+                f"statekeeper: {why}: the uploads to {self.remote.describe()} {reason}; steps "
+                f"{left} are not on the mirror. They stay on the local tier and in its upload "
+                f"journal ({self.journal.where()}): the next Checkpointer with this mirror "
+                "uploads them (Mirror(close_timeout=None) makes close() wait for them)",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
+        try:
+            self._raise_failures()
+        except MirrorError as exc:
+            if not quiet:
+                raise
+            warnings.warn(f"statekeeper: {exc}", StatekeeperWarning, stacklevel=2)
+
+    def _at_exit(self) -> None:
+        """Interpreter exit without ``close()``: finish (or report) what was started."""
+        with self._cond:
+            started = self._thread is not None or bool(self._unreported)
+        if started and not self._finished:
+            self.finish(quiet=True, why="the interpreter exits without Checkpointer.close()")
+
+    def _run(self) -> None:
+        try:
+            while self._next():
+                pass
+        finally:  # whatever happened, nobody waits for this thread any more
+            with self._cond:
+                self._thread = None
+                self._uploading = None
+                self._cond.notify_all()
+
+    def _next(self) -> bool:
+        """Upload the next queued step; False when the queue is empty or the uploads stop."""
+        with self._cond:
+            if not self._queue or self._halted or self._transfer.stop.is_set():
+                return False
+            step = self._queue.popleft()
+            self._uploading = step
+            self._attempts[step] = self._attempts.get(step, 0) + 1
+        error: BaseException | None = None
+        try:
+            upload_step(self.local, self.remote, step, self._transfer)
+            self._retain(step)  # before wait() can return: the tier is as it will stay
+        except Exception as exc:  # kept, warned about and raised by wait(): never lost
+            error = exc
+        with self._cond:
+            self._uploading = None
+            if error is None:
+                self._failed.pop(step, None)
+                self._attempts.pop(step, None)
+                self._uploaded = step if self._uploaded is None else max(self._uploaded, step)
+            else:
+                self._failed[step] = error
+                self._unreported.append(step)
+                self._unwarned.append(step)
+                self._halted = self._closing
+            self._cond.notify_all()
+        self._record()
+        return True
+
+    def _retain(self, step: int) -> None:
+        """The mirror's retention; a failure there is warned about (the step is uploaded)."""
+        if self.mirror.keep is None:
+            return
+        try:
+            apply_retention(self.remote, self.mirror.keep, protect={step})
+        except Exception as exc:  # a policy's own bug included: the upload stands
+            warnings.warn(
+                f"statekeeper: retention on the mirror {self.remote.describe()} failed after "
+                f"step {step} ({exc}); it runs again after the next upload",
+                StatekeeperWarning,
+                stacklevel=2,
+            )
+
+
+_uploaders: weakref.WeakSet[Uploader] = weakref.WeakSet()
+
+
+def _finish_at_exit() -> None:
+    for uploader in list(_uploaders):
+        uploader._at_exit()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: its uploaders start afresh and
+    never write the journal (the parent goes on uploading what it had queued)."""
+    for uploader in list(_uploaders):
+        uploader._reset()
+        uploader.journal.enabled = False
+
+
+# run by threading's shutdown, before concurrent.futures' own hook (registered earlier: the
+# hooks run last-registered first), so that the uploads' thread pools still take work
+threading._register_atexit(_finish_at_exit)  # type: ignore[attr-defined]
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -111,6 +111,11 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("overwrite", "True or False"),
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
+    "save origin='minimal'": (
+        lambda t: sk.save(t / "r", {"x": 1}, step=1, origin="minimal"),
+        ("origin", "statekeeper.Origin"),
+    ),
+    "Checkpointer origin='full'": (lambda t: _ckpt(t, origin="full"), ("origin", "Origin")),
     "every=10": (lambda t: _ckpt(t, every=10), ("every", "EverySteps")),
     "scope='local'": (lambda t: sk.save(t / "r", {"x": 1}, step=1, scope="local"), ("scope",)),
     "strict=True": (

@@ -111,6 +111,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("overwrite", "True or False"),
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
+    "clock=None": (lambda t: _ckpt(t, clock=None), ("clock", "time.monotonic")),
     "save origin='minimal'": (
         lambda t: sk.save(t / "r", {"x": 1}, step=1, origin="minimal"),
         ("origin", "statekeeper.Origin"),

@@ -26,7 +26,7 @@ from typing import Any
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.load import load
 from statekeeper.checkpoint.policies import KeepLatest
-from statekeeper.checkpoint.retention import apply_retention
+from statekeeper.checkpoint.retention import Retainer
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.accelerate_loaders import AccelerateLoader, stateful_loaders
@@ -124,7 +124,9 @@ def save_state(
     config.iteration = number + 1
     if automatic and config.total_limit is not None and accelerator.is_main_process:
         limit = KeepLatest(int(config.total_limit))
-        apply_retention(LocalStorage(run), limit, protect=(number,))
+        # the step is committed: a step retention cannot remove is warned about (and tried
+        # again at the next save), never a failure of this save
+        Retainer(LocalStorage(run), limit).apply(number, protect=(number,))
     return info
 
 

@@ -5,8 +5,10 @@ which the Trainer's ``get_last_checkpoint`` finds by name alone (``^checkpoint-[
 statekeeper builds each folder under another name, ``checkpoint-N.partial``, and renames it
 to ``checkpoint-N`` once everything in it is written and flushed: a folder with the
 Trainer's name is always complete, so a kill at any moment never leaves one that a resume
-would pick. An older folder that a save replaces is first renamed aside
-(``.replaced-<id>``), and one that retention deletes is renamed (``.removing-<id>``)
+would pick. An older folder that a save replaces is swapped out in one
+``renameat2(RENAME_EXCHANGE)`` where the file system has it, else first renamed aside
+(``.replaced-<id>``: a kill before the new folder is renamed in leaves step N only there,
+and the next save puts it back); one that retention deletes is renamed (``.removing-<id>``)
 before its files go. Leftovers of an interrupted save are removed by the next one.
 
 This module knows nothing of the Trainer: ``integrations.transformers`` drives it.
@@ -154,9 +156,26 @@ def checkpoints(run_dir: str | os.PathLike[str]) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def _restore_set_aside(root: Path) -> None:
+    """Rename back each ``checkpoint-N.replaced-<id>`` whose ``checkpoint-N`` does not exist:
+    an overwrite without ``RENAME_EXCHANGE`` was killed between its two renames, and that
+    copy is the committed folder of step N (never a leftover to delete)."""
+    restored = False
+    for entry in sorted(root.iterdir()):
+        base, found, _ = entry.name.partition(".replaced-")
+        if found and _COMMITTED.match(base) and not os.path.lexists(root / base):
+            entry.rename(root / base)
+            restored = True
+    if restored:
+        fsync_dir(root)
+
+
 def remove_leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Delete what interrupted saves and deletions left in ``run_dir``; returns it."""
+    """Delete what interrupted saves and deletions left in ``run_dir``; returns it. A folder
+    an interrupted overwrite set aside, whose step has no other folder, is put back first."""
     root = Path(run_dir)
+    if root.is_dir():
+        _restore_set_aside(root)
     gone = [e for e in root.iterdir() if _LEFTOVER.match(e.name)] if root.is_dir() else []
     for entry in gone:
         shutil.rmtree(entry, ignore_errors=True)

@@ -112,6 +112,16 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
     "clock=None": (lambda t: _ckpt(t, clock=None), ("clock", "time.monotonic")),
+    "KeepLatest('3')": (lambda t: sk.KeepLatest("3"), ("KeepLatest(n)", "int")),  # type: ignore[arg-type]
+    "EverySteps(2.0)": (lambda t: sk.EverySteps(2.0), ("EverySteps(n)", "int")),  # type: ignore[arg-type]
+    "EverySeconds('60')": (lambda t: sk.EverySeconds("60"), ("EverySeconds",)),  # type: ignore[arg-type]
+    "EverySeconds(True)": (lambda t: sk.EverySeconds(True), ("EverySeconds",)),
+    "AtSteps('5')": (lambda t: sk.AtSteps("5"), ("AtSteps", "int")),  # type: ignore[arg-type]
+    "shard_bytes='1MB'": (
+        lambda t: sk.save(t / "r", {"x": 1}, step=1, shard_bytes="1MB"),  # type: ignore[arg-type]
+        ("shard_bytes", "int"),
+    ),
+    "Checkpointer shard_bytes=True": (lambda t: _ckpt(t, shard_bytes=True), ("shard_bytes",)),
     "save origin='minimal'": (
         lambda t: sk.save(t / "r", {"x": 1}, step=1, origin="minimal"),
         ("origin", "statekeeper.Origin"),

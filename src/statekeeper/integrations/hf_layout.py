@@ -30,7 +30,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.checksum import Hasher
-from statekeeper.storage.commit import exchange
+from statekeeper.storage.commit import exchange, recover
 from statekeeper.storage.files import fsync_dir
 
 __all__ = [
@@ -156,26 +156,12 @@ def checkpoints(run_dir: str | os.PathLike[str]) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def _restore_set_aside(root: Path) -> None:
-    """Rename back each ``checkpoint-N.replaced-<id>`` whose ``checkpoint-N`` does not exist:
-    an overwrite without ``RENAME_EXCHANGE`` was killed between its two renames, and that
-    copy is the committed folder of step N (never a leftover to delete)."""
-    restored = False
-    for entry in sorted(root.iterdir()):
-        base, found, _ = entry.name.partition(".replaced-")
-        if found and _COMMITTED.match(base) and not os.path.lexists(root / base):
-            entry.rename(root / base)
-            restored = True
-    if restored:
-        fsync_dir(root)
-
-
 def remove_leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Delete what interrupted saves and deletions left in ``run_dir``; returns it. A folder
     an interrupted overwrite set aside, whose step has no other folder, is put back first."""
     root = Path(run_dir)
-    if root.is_dir():
-        _restore_set_aside(root)
+    if root.is_dir():  # each X.replaced-<id> whose X is gone is X's committed copy
+        recover(root)
     gone = [e for e in root.iterdir() if _LEFTOVER.match(e.name)] if root.is_dir() else []
     for entry in gone:
         shutil.rmtree(entry, ignore_errors=True)

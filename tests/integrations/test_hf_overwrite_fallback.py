@@ -43,3 +43,30 @@ def test_a_kill_between_the_fallback_renames_keeps_the_checkpoint(
     assert (final / "model.safetensors").read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-5"]
     assert sorted(hf_layout.checkpoints(tmp_path)) == [5]
+
+
+def test_a_folder_rotation_cannot_remove_fails_no_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save_total_limit`` rotation runs after ``checkpoint-N`` is committed: a folder it
+    cannot rename aside (a mount point: ``EBUSY``, injected for that one folder) is warned
+    about and stays, the others go, and nothing is raised into the Trainer's save."""
+    import errno
+
+    import statekeeper as sk
+
+    for step in (1, 2, 3):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    busy, real_rename = tmp_path / "checkpoint-1", Path.rename
+
+    def rename(self: Path, target: str | Path) -> Path:
+        if self == busy:
+            raise OSError(errno.EBUSY, "Device or resource busy", str(self))
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.warns(sk.StatekeeperWarning, match=r"could not remove .*checkpoint-1.*busy"):
+        assert hf_layout.rotate(tmp_path, sk.KeepLatest(1), [tmp_path / "checkpoint-3"]) == [2]
+    monkeypatch.undo()
+    assert sorted(hf_layout.checkpoints(tmp_path)) == [1, 3]
+    assert hf_layout.rotate(tmp_path, sk.KeepLatest(1), [tmp_path / "checkpoint-3"]) == [1]

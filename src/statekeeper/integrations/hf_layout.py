@@ -22,13 +22,14 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
-from statekeeper.errors import CorruptCheckpointError
+from statekeeper.errors import CorruptCheckpointError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.checksum import Hasher
 from statekeeper.storage.commit import exchange, recover
 from statekeeper.storage.files import fsync_dir
@@ -173,7 +174,8 @@ def rotate(
 ) -> list[int]:
     """Delete the committed folders that ``keep`` does not keep, ranked by step number (never
     by modification time); the newest folder and those in ``protect`` always stay. Returns
-    the steps deleted."""
+    the steps deleted; a folder that cannot be removed is warned about and stays (never a
+    failure of the save that committed the newest one)."""
     found = checkpoints(run_dir)
     if not found:
         return []
@@ -184,7 +186,19 @@ def rotate(
     for step, path in found.items():
         if step in kept or path.resolve() in protected:
             continue
-        shutil.rmtree(_aside(path, "removing"), ignore_errors=True)
+        try:
+            doomed = _aside(path, "removing")
+        except OSError as exc:  # the new folder is committed: this save must not fail
+            warnings.warn(
+                f"statekeeper: retention could not remove {path} ({exc.strerror or exc}); "
+                "the checkpoint just saved is committed, and the removal is tried again at "
+                "the next save. Make the folder removable (an immutable attribute, a mount "
+                "on it) or delete it by hand",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
         deleted.append(step)
     return deleted
 

@@ -112,6 +112,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
     "clock=None": (lambda t: _ckpt(t, clock=None), ("clock", "time.monotonic")),
+    "AveragedModel(5)": (lambda t: sk.AveragedModel(5), ("model", "nn.Module")),  # type: ignore[arg-type]
     "KeepLatest('3')": (lambda t: sk.KeepLatest("3"), ("KeepLatest(n)", "int")),  # type: ignore[arg-type]
     "EverySteps(2.0)": (lambda t: sk.EverySteps(2.0), ("EverySteps(n)", "int")),  # type: ignore[arg-type]
     "EverySeconds('60')": (lambda t: sk.EverySeconds("60"), ("EverySeconds",)),  # type: ignore[arg-type]

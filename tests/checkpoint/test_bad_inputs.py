@@ -224,6 +224,22 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_directory(
     assert list(tmp_path.iterdir()) == []  # nothing was written into the current directory
 
 
+def test_a_path_with_a_nul_byte_is_named(tmp_path: Path) -> None:
+    where = str(tmp_path / "run\0x")
+    calls = [
+        lambda: sk.save(where, {"x": 1}, step=1),
+        lambda: sk.Checkpointer(where),
+        lambda: sk.load(where, {"x": 1}),
+        lambda: sk.read(where),
+        lambda: sk.verify(where),
+        lambda: sk.list_checkpoints(where),
+    ]
+    for call in calls:
+        with pytest.raises(sk.InvalidArgumentError, match="NUL byte"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
 @contextlib.contextmanager
 def _read_only(root: Path) -> Iterator[Path]:
     """A real read-only file system mounted at ``root/ro`` (tmpfs, as root), unmounted after."""

@@ -44,12 +44,13 @@ def require_mapping(name: str, value: object, what: str, *, optional: bool = Fal
     return value
 
 
-def require_callable(name: str, value: object, what: str) -> Any:
-    """``value`` when it is None or callable; ``what`` is its signature, as the fix."""
-    if value is not None and not callable(value):
+def require_callable(name: str, value: object, what: str, *, optional: bool = True) -> Any:
+    """``value`` when it is callable (or None with ``optional``); ``what`` is its signature,
+    as the fix."""
+    if (value is not None or not optional) and not callable(value):
         raise InvalidArgumentTypeError(
-            f"{name} must be a callable {what} (or None), got {type(value).__name__} "
-            f"{_shown(value)}"
+            f"{name} must be a callable {what}{' (or None)' if optional else ''}, got "
+            f"{type(value).__name__} {_shown(value)}"
         )
     return value
 

@@ -111,6 +111,23 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("overwrite", "True or False"),
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
+    "clock=None": (lambda t: _ckpt(t, clock=None), ("clock", "time.monotonic")),
+    "AveragedModel(5)": (lambda t: sk.AveragedModel(5), ("model", "nn.Module")),  # type: ignore[arg-type]
+    "KeepLatest('3')": (lambda t: sk.KeepLatest("3"), ("KeepLatest(n)", "int")),  # type: ignore[arg-type]
+    "EverySteps(2.0)": (lambda t: sk.EverySteps(2.0), ("EverySteps(n)", "int")),  # type: ignore[arg-type]
+    "EverySeconds('60')": (lambda t: sk.EverySeconds("60"), ("EverySeconds",)),  # type: ignore[arg-type]
+    "EverySeconds(True)": (lambda t: sk.EverySeconds(True), ("EverySeconds",)),
+    "AtSteps('5')": (lambda t: sk.AtSteps("5"), ("AtSteps", "int")),  # type: ignore[arg-type]
+    "shard_bytes='1MB'": (
+        lambda t: sk.save(t / "r", {"x": 1}, step=1, shard_bytes="1MB"),  # type: ignore[arg-type]
+        ("shard_bytes", "int"),
+    ),
+    "Checkpointer shard_bytes=True": (lambda t: _ckpt(t, shard_bytes=True), ("shard_bytes",)),
+    "save origin='minimal'": (
+        lambda t: sk.save(t / "r", {"x": 1}, step=1, origin="minimal"),
+        ("origin", "statekeeper.Origin"),
+    ),
+    "Checkpointer origin='full'": (lambda t: _ckpt(t, origin="full"), ("origin", "Origin")),
     "every=10": (lambda t: _ckpt(t, every=10), ("every", "EverySteps")),
     "scope='local'": (lambda t: sk.save(t / "r", {"x": 1}, step=1, scope="local"), ("scope",)),
     "strict=True": (
@@ -205,6 +222,22 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_directory(
         with pytest.raises(sk.InvalidArgumentError, match="empty"):
             call()
     assert list(tmp_path.iterdir()) == []  # nothing was written into the current directory
+
+
+def test_a_path_with_a_nul_byte_is_named(tmp_path: Path) -> None:
+    where = str(tmp_path / "run\0x")
+    calls = [
+        lambda: sk.save(where, {"x": 1}, step=1),
+        lambda: sk.Checkpointer(where),
+        lambda: sk.load(where, {"x": 1}),
+        lambda: sk.read(where),
+        lambda: sk.verify(where),
+        lambda: sk.list_checkpoints(where),
+    ]
+    for call in calls:
+        with pytest.raises(sk.InvalidArgumentError, match="NUL byte"):
+            call()
+    assert list(tmp_path.iterdir()) == []
 
 
 @contextlib.contextmanager

@@ -163,3 +163,40 @@ def test_workers_started_before_statekeeper_saw_the_loader_warn_at_save(tmp_path
         said = [str(w.message) for w in caught if issubclass(w.category, sk.StatekeeperWarning)]
         assert bool(said) is not seen_first, said
         assert not said or "has_checkpoint(accelerator)" in said[0]
+
+
+def test_a_step_total_limit_cannot_remove_fails_no_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention by ``total_limit`` runs after the step is committed: a step it cannot
+    remove (a mount point: ``EBUSY``, injected for that one directory) is warned about and
+    the save reports success, as the Checkpointer's retention does."""
+    import errno
+    import os
+
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    from statekeeper.integrations.accelerate import save_state
+
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=1
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    run = tmp_path / "checkpoints"
+    assert save_state(accelerator).step == 0
+    busy, real_rename = str(run / "step_000000000"), os.rename
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if os.fspath(src) == busy:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), busy)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.warns(sk.StatekeeperWarning, match="could not remove step 0.*Step 1 is saved"):
+        assert save_state(accelerator).step == 1
+    monkeypatch.undo()
+    assert [i.step for i in sk.list_checkpoints(run)] == [0, 1]
+    assert save_state(accelerator).step == 2  # removable again: retried, and gone
+    assert [i.step for i in sk.list_checkpoints(run)] == [2]

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from statekeeper.averaging.pairing import Pairing, pair_tensors
 from statekeeper.averaging.rules import SWA, AveragingRule
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["AveragedModel", "BufferPolicy"]
 
@@ -74,6 +74,11 @@ class AveragedModel(nn.Module):
         averaged: nn.Module | Callable[[], nn.Module] | None = None,
     ) -> None:
         super().__init__()
+        if not isinstance(model, nn.Module):
+            raise InvalidArgumentTypeError(
+                f"model must be a torch.nn.Module (the model to average), got "
+                f"{type(model).__name__}; pass the module itself, e.g. AveragedModel(model)"
+            )
         if rule is not None and (avg_fn is not None or multi_avg_fn is not None):
             raise InvalidArgumentError("pass either rule= or avg_fn=/multi_avg_fn=, not both")
         if rule is not None and not isinstance(rule, AveragingRule):

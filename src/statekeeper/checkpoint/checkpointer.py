@@ -113,7 +113,9 @@ class Checkpointer:
         _require("every", every, SavePolicy, "a save policy such as EverySteps(100)")
         _require("mirror", mirror, Mirror, "a statekeeper.Mirror('s3://bucket/run', ...)")
         require_bool("async_save", async_save)
-        require_callable("clock", clock, "clock() -> seconds, such as time.monotonic")
+        require_callable(
+            "clock", clock, "clock() -> seconds, such as time.monotonic", optional=False
+        )
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)

@@ -84,11 +84,12 @@ class SaveOptions:
                 f"incremental must be a statekeeper.Incremental, got {self.incremental!r}"
             )
         require_bool("overwrite", self.overwrite)
-        if (
-            not isinstance(self.shard_bytes, int)
-            or isinstance(self.shard_bytes, bool)
-            or self.shard_bytes < 1
-        ):
+        if not isinstance(self.shard_bytes, int) or isinstance(self.shard_bytes, bool):
+            raise InvalidArgumentTypeError(
+                f"shard_bytes must be a positive int number of bytes, got "
+                f"{type(self.shard_bytes).__name__} {self.shard_bytes!r}; pass e.g. 1 << 30"
+            )
+        if self.shard_bytes < 1:
             raise InvalidArgumentError(
                 f"shard_bytes must be a positive number of bytes, got {self.shard_bytes!r}"
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["ORIGIN_ENV", "Origin", "origin_level"]
 
@@ -35,12 +35,13 @@ class Origin(StrEnum):
 
 def origin_level(chosen: Origin | None = None) -> Origin:
     """``chosen``, else what ``STATEKEEPER_ORIGIN`` says, else ``Origin.REDACTED``; a value
-    that is neither is an ``InvalidArgumentError`` naming the ones accepted."""
+    that is neither is an ``InvalidArgumentError`` naming the ones accepted (an
+    ``InvalidArgumentTypeError`` for an argument that is no ``Origin``)."""
     if chosen is not None:
         if not isinstance(chosen, Origin):
-            raise InvalidArgumentError(
+            raise InvalidArgumentTypeError(
                 f"origin must be a statekeeper.Origin (FULL, REDACTED, MINIMAL, NONE), "
-                f"got {chosen!r}"
+                f"got {chosen!r}; pass e.g. origin=statekeeper.Origin.MINIMAL"
             )
         return chosen
     named = os.environ.get(ORIGIN_ENV, "").strip().lower()

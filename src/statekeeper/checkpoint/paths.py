@@ -1,7 +1,7 @@
 """Run-directory paths that cannot work, said before (or instead of) a bare ``OSError``.
 
-- :func:`checked_path`: an empty path (which would mean the current directory) and a name
-  longer than the file system allows are refused up front;
+- :func:`checked_path`: an empty path (which would mean the current directory), a path
+  holding a NUL byte and a name longer than the file system allows are refused up front;
 - :func:`writer_lock`: the run directory's writer lock, whose failures to create the
   directory or the lock file (a read-only file system, no permission, a parent that is a
   regular file, no space) become a :class:`~statekeeper.errors.StorageError` that keeps the
@@ -46,6 +46,11 @@ def checked_path(directory: str | os.PathLike[str]) -> str:
         raise InvalidArgumentError(
             "the directory is '' (empty), which would be the current directory: pass the run "
             "directory's path (or '.' to mean the current directory)"
+        )
+    if "\0" in text:
+        raise InvalidArgumentError(
+            f"the directory {text[:80]!r} holds a NUL byte, which no file name may hold: pass "
+            "the path without it (often a C string or a file read with a trailing NUL)"
         )
     path = Path(text)
     for part in path.parts:

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.signals import signal_of
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [
     "AtSteps", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery", "KeepLatest", "Mode",
@@ -30,7 +30,11 @@ __all__ = [
 
 
 def _positive_int(name: str, value: object) -> None:
-    if type(value) is not int or value < 1:
+    if type(value) is not int:  # a bool, a float or a str is the wrong type, not a bad value
+        raise InvalidArgumentTypeError(
+            f"{name} must be a positive int, got {type(value).__name__} {value!r}; pass e.g. 10"
+        )
+    if value < 1:
         raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
 
 
@@ -70,7 +74,12 @@ class EverySeconds(SavePolicy):
     seconds: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seconds, int | float) or not 0 < self.seconds < math.inf:
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, int | float):
+            raise InvalidArgumentTypeError(
+                f"EverySeconds needs a positive finite number of seconds, got "
+                f"{type(self.seconds).__name__} {self.seconds!r}; pass e.g. EverySeconds(600)"
+            )
+        if not 0 < self.seconds < math.inf:
             raise InvalidArgumentError(
                 f"EverySeconds needs a positive finite number, got {self.seconds!r}"
             )
@@ -87,7 +96,12 @@ class AtSteps(SavePolicy):
 
     def __init__(self, *steps: int) -> None:
         for s in steps:
-            if type(s) is not int or s < 0:
+            if type(s) is not int:
+                raise InvalidArgumentTypeError(
+                    f"AtSteps takes non-negative ints, got {type(s).__name__} {s!r}; pass e.g. "
+                    "AtSteps(100, 200)"
+                )
+            if s < 0:
                 raise InvalidArgumentError(f"AtSteps takes non-negative ints, got {s!r}")
         object.__setattr__(self, "steps", frozenset(steps))
 

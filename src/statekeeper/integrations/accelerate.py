@@ -34,7 +34,7 @@ from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.listing import list_checkpoints
 from statekeeper.checkpoint.load import load
 from statekeeper.checkpoint.policies import KeepLatest
-from statekeeper.checkpoint.retention import apply_retention
+from statekeeper.checkpoint.retention import Retainer
 from statekeeper.checkpoint.save import save
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError
@@ -133,7 +133,9 @@ def save_state(
     config.iteration = number + 1
     if automatic and config.total_limit is not None and accelerator.is_main_process:
         limit = KeepLatest(int(config.total_limit))
-        apply_retention(LocalStorage(run), limit, protect=(number,))
+        # the step is committed: a step retention cannot remove is warned about (and tried
+        # again at the next save), never a failure of this save
+        Retainer(LocalStorage(run), limit).apply(number, protect=(number,))
     return info
 
 

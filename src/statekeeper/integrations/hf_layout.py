@@ -5,8 +5,10 @@ which the Trainer's ``get_last_checkpoint`` finds by name alone (``^checkpoint-[
 statekeeper builds each folder under another name, ``checkpoint-N.partial``, and renames it
 to ``checkpoint-N`` once everything in it is written and flushed: a folder with the
 Trainer's name is always complete, so a kill at any moment never leaves one that a resume
-would pick. An older folder that a save replaces is first renamed aside
-(``.replaced-<id>``), and one that retention deletes is renamed (``.removing-<id>``)
+would pick. An older folder that a save replaces is swapped out in one
+``renameat2(RENAME_EXCHANGE)`` where the file system has it, else first renamed aside
+(``.replaced-<id>``: a kill before the new folder is renamed in leaves step N only there,
+and the next save puts it back); one that retention deletes is renamed (``.removing-<id>``)
 before its files go. Leftovers of an interrupted save are removed by the next one.
 
 This module knows nothing of the Trainer: ``integrations.transformers`` drives it.
@@ -20,15 +22,16 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
-from statekeeper.errors import CorruptCheckpointError
+from statekeeper.errors import CorruptCheckpointError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.checksum import Hasher
-from statekeeper.storage.commit import exchange
+from statekeeper.storage.commit import exchange, recover
 from statekeeper.storage.files import fsync_dir
 
 __all__ = [
@@ -155,8 +158,11 @@ def checkpoints(run_dir: str | os.PathLike[str]) -> dict[int, Path]:
 
 
 def remove_leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Delete what interrupted saves and deletions left in ``run_dir``; returns it."""
+    """Delete what interrupted saves and deletions left in ``run_dir``; returns it. A folder
+    an interrupted overwrite set aside, whose step has no other folder, is put back first."""
     root = Path(run_dir)
+    if root.is_dir():  # each X.replaced-<id> whose X is gone is X's committed copy
+        recover(root)
     gone = [e for e in root.iterdir() if _LEFTOVER.match(e.name)] if root.is_dir() else []
     for entry in gone:
         shutil.rmtree(entry, ignore_errors=True)
@@ -168,7 +174,8 @@ def rotate(
 ) -> list[int]:
     """Delete the committed folders that ``keep`` does not keep, ranked by step number (never
     by modification time); the newest folder and those in ``protect`` always stay. Returns
-    the steps deleted."""
+    the steps deleted; a folder that cannot be removed is warned about and stays (never a
+    failure of the save that committed the newest one)."""
     found = checkpoints(run_dir)
     if not found:
         return []
@@ -179,7 +186,19 @@ def rotate(
     for step, path in found.items():
         if step in kept or path.resolve() in protected:
             continue
-        shutil.rmtree(_aside(path, "removing"), ignore_errors=True)
+        try:
+            doomed = _aside(path, "removing")
+        except OSError as exc:  # the new folder is committed: this save must not fail
+            warnings.warn(
+                f"statekeeper: retention could not remove {path} ({exc.strerror or exc}); "
+                "the checkpoint just saved is committed, and the removal is tried again at "
+                "the next save. Make the folder removable (an immutable attribute, a mount "
+                "on it) or delete it by hand",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
         deleted.append(step)
     return deleted
 

@@ -120,6 +120,18 @@ def _size(path: Path) -> int:
     return total
 
 
+def _saved(folder: Path, path: Path, step: int | None) -> FrameworkEntry:
+    """The entry of one saved checkpoint; a symbolic link is named, never followed (neither
+    its bytes read nor its tree walked: a link to ``/`` would walk the file system)."""
+    if not path.is_symlink():
+        return _entry(folder, path, step)
+    error = (
+        f"{path} is a symbolic link (to {os.readlink(path)}); statekeeper does not follow "
+        "links in a checkpoint folder: put the checkpoint itself there, or pass its real path"
+    )
+    return FrameworkEntry(path.relative_to(folder).as_posix(), str(path), step, None, 0, error)
+
+
 def _entry(folder: Path, path: Path, step: int | None) -> FrameworkEntry:
     name = path.relative_to(folder).as_posix()
     fmt: Format | None = None
@@ -147,7 +159,7 @@ def _lightning(folder: Path, children: list[Path]) -> FrameworkFolder | None:
     entries = []
     for path in ckpts:
         found = _LIGHTNING_STEP.search(path.name.removesuffix(".ckpt"))
-        entries.append(_entry(folder, path, int(found.group(1)) if found else None))
+        entries.append(_saved(folder, path, int(found.group(1)) if found else None))
     return FrameworkFolder(str(folder), Framework.LIGHTNING, _ordered(entries))
 
 
@@ -155,7 +167,7 @@ def _numbered(
     folder: Path, children: list[Path], pattern: re.Pattern[str], framework: Framework
 ) -> FrameworkFolder | None:
     entries = [
-        _entry(folder, c, int(m.group(1)))
+        _saved(folder, c, int(m.group(1)))
         for c in children
         if (m := pattern.match(c.name)) is not None and c.is_dir()
     ]

@@ -147,3 +147,43 @@ def test_a_program_the_holder_executes_never_inherits_the_lock(tmp_path: Path) -
             check=True,
         )
     assert ".statekeeper.lock" not in listing.stdout
+
+
+def test_closing_another_descriptor_of_the_lock_file_keeps_the_lock(tmp_path: Path) -> None:
+    """A backup that copies the run directory (or any reader of the lock file) in the
+    holding process opens and closes the lock file: the lock must stay held (a POSIX record
+    lock would be dropped by that close and let a second writer in)."""
+    import shutil
+
+    with sk.Checkpointer(tmp_path / "run") as ckpt:
+        ckpt.save(1, {"x": 1})
+        shutil.copytree(tmp_path / "run", tmp_path / "backup")
+        (tmp_path / "run" / ".statekeeper.lock").read_text()
+        refused = _other_process_takes_the_lock(tmp_path / "run")
+        assert refused.returncode != 0 and "WriterConflictError" in refused.stderr
+        ckpt.save(2, {"x": 2})
+    assert _other_process_takes_the_lock(tmp_path / "run").returncode == 0
+
+
+def test_the_lock_excludes_a_writer_that_takes_it_with_flock(tmp_path: Path) -> None:
+    """Earlier releases (and other tools) lock the file with ``flock``: both sides of an
+    upgrade must exclude each other."""
+    import fcntl
+
+    code = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except BlockingIOError:\n    sys.exit(3)\n"
+    )
+    lock = tmp_path / ".statekeeper.lock"
+    with sk.Checkpointer(tmp_path):
+        done = launcher.run([sys.executable, "-c", code, str(lock)], cwd=ROOT, check=False)
+        assert done.returncode == 3
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(sk.WriterConflictError):
+            sk.Checkpointer(tmp_path)
+    finally:
+        os.close(fd)

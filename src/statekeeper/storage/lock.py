@@ -1,22 +1,27 @@
-"""The writer lock of a local run directory: a POSIX record lock on a file inside it.
+"""The writer lock of a local run directory: an exclusive ``flock`` on a file inside it.
 
-The lock belongs to a *process*, never to an open file description: a child forked while a
-save holds it (DataLoader workers, a background save's thread at work while the loop
-forks) holds nothing, so it can neither pin the lock past its parent's release nor be named
-as a writer. Three parts make it:
+The lock belongs to the writing *process*: a child forked while a save holds it (DataLoader
+workers, a background save's thread at work while the loop forks) holds nothing, so it can
+neither pin the lock past its parent's release nor be named as a writer. Three parts make
+it:
 
-- ``fcntl.lockf(fd, LOCK_EX | LOCK_NB)`` (``F_SETLK`` on the whole file): exclusive across
-  processes, not inherited by ``fork``, released by the kernel when the holder dies;
-- an in-process registry keyed by the lock file's ``(st_dev, st_ino)`` under one mutex:
-  POSIX locks never conflict within one process, so the registry makes the lock exclusive
-  across objects and threads of the holder (a second ``Checkpointer`` on the same run
-  directory in the same process is refused, as another process is);
-- ``os.register_at_fork``: a forked child starts with an empty registry.
+- ``flock(fd, LOCK_EX | LOCK_NB)`` on one descriptor: exclusive across processes and across
+  open files (a second ``open`` of the file, in this process or another, is refused),
+  released by the kernel when the holder dies, untouched when some other descriptor of the
+  file is closed (a backup that copies the run directory, a ``tar`` of it, a reader of the
+  holder's name). The same lock as every earlier release, so two releases never write at
+  once during an upgrade;
+- ``os.register_at_fork``: a forked child closes its inherited copy of the descriptor at
+  once, so the lock is again held by one descriptor alone, the parent's, and goes when the
+  parent lets it go. (A fork made from C without Python's fork hooks keeps the copy until
+  that child ends or executes a program: the descriptor is ``O_CLOEXEC``.)
+- an in-process registry keyed by the lock file's ``(st_dev, st_ino)`` under one mutex, so
+  that another object or thread of the holding process is refused by name ("another writer
+  of this process") before it opens anything.
 
-POSIX locks go when the process closes *any* descriptor of the file, so while the lock is
-held nothing here opens the lock file again: the holder's name is read through the same
-descriptor, and a second object only ``stat``s the path before it finds the registry entry.
-The descriptor is ``O_CLOEXEC``: a program the process executes never inherits it.
+(A POSIX record lock, ``lockf``, is not inherited by a fork, but the kernel drops it when
+the process closes *any* descriptor of the file: one ``shutil.copytree`` of the run
+directory let a second writer in. It was used briefly and given up for that reason.)
 """
 
 from __future__ import annotations
@@ -51,8 +56,8 @@ _generation = 0  # bumped in every forked child: what the parent held is not the
 
 
 def _forked() -> None:
-    """In a forked child: nothing is held (POSIX locks are not inherited); the inherited
-    descriptors are closed now, before the child can take a lock of its own."""
+    """In a forked child: nothing is held; the inherited descriptors are closed now, so the
+    parent's ``flock`` is held by the parent's descriptor alone."""
     global _mutex, _generation
     _mutex = threading.Lock()  # the parent's may have been held by another thread
     for held in _held.values():
@@ -111,7 +116,7 @@ class RunLock:
                     if mine.depth == 0:
                         del _held[self._key]  # type: ignore[arg-type]
                         self._key = None
-                        os.close(mine.fd)  # closing releases the record lock
+                        os.close(mine.fd)  # the last descriptor of the lock's open file: released
 
     def _acquire(self) -> _Held:
         """Take the lock (the caller holds ``_mutex``); ``WriterConflictError`` when another
@@ -123,7 +128,7 @@ class RunLock:
             pass
         else:
             other = _held.get((st.st_dev, st.st_ino))
-            if other is not None:  # never open the file: that would drop the holder's lock
+            if other is not None:  # refused by name, before any open
                 raise _conflict(
                     self._root,
                     f"another writer of this process (pid {os.getpid()}: another Checkpointer "
@@ -134,16 +139,16 @@ class RunLock:
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         if key in _held:  # created between the stat and the open, by a holder here
-            os.close(fd)  # unreachable unless the file was swapped: this process holds it
+            os.close(fd)  # only if the file was swapped between the stat and the open
             raise _conflict(self._root, f"another writer of this process (pid {os.getpid()})")
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+            if exc.errno not in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 os.close(fd)
                 raise
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
-            os.close(fd)  # this process holds no lock on the file: nothing is dropped
+            os.close(fd)  # a descriptor of our own, which holds nothing
             raise _conflict(self._root, holder or "another writer") from None
         record = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
         # rewritten only when it names another holder: the truncate can wait for a journal

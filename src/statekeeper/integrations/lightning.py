@@ -41,6 +41,7 @@ from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import LoadStateError
 from statekeeper.integrations.held import LoaderState, NamedOptimizer, plain_tree
+from statekeeper.integrations.lightning_boundary import as_next_epoch, start_epoch
 from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_epoch
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
 from statekeeper.interop.reading import read
@@ -114,6 +115,7 @@ class StatekeeperCallback(Callback):
         self._loaded: dict[str, Any] | None = None
         self._resumed = False  # loaded a checkpoint to resume from
         self._loaders: list[Any] | None = None
+        self._boundary: list[Any] | None = None  # an epoch-end checkpoint's loader states
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[_RNG] = RNGState().state_dict()
@@ -132,10 +134,11 @@ class StatekeeperCallback(Callback):
         self._pending = checkpoint.get(_RNG)
         self._loaded = checkpoint  # its optimizer states are mapped once the optimizers exist
         self._resumed = True
+        self._boundary = as_next_epoch(checkpoint)  # saved as an epoch ended: the next begins
         self._loaders = loader_states(checkpoint)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._pending = self._loaded = self._loaders = None  # never carried into a later run
+        self._pending = self._loaded = self._loaders = self._boundary = None  # never carried on
         self._resumed = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -177,7 +180,10 @@ class StatekeeperCallback(Callback):
             RNGState().load_state_dict(pending)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
+        if self._boundary is not None:  # resumed from an epoch's end (lightning_boundary)
+            loaders, self._boundary = self._boundary, None
+            start_epoch(trainer, loaders, self._restore)
+        elif trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
             self._restore()  # a new epoch: saved as the last one ended
 
     def on_train_batch_start(

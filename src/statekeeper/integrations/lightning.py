@@ -27,24 +27,19 @@ naming it: pass ``save_hyperparameters(ignore=[...])`` for it, or store plain va
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
-from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+import numpy as np
+import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.trainer.states import TrainerFn
 
-from statekeeper.checkpoint.location import committed, resolve_storage
-from statekeeper.checkpoint.save import save
-from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import LoadStateError
-from statekeeper.integrations.held import LoaderState, NamedOptimizer, plain_tree
+from statekeeper.integrations.held import LoaderState, NamedOptimizer
 from statekeeper.integrations.lightning_boundary import as_next_epoch, start_epoch
 from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_epoch
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
-from statekeeper.interop.reading import read
+from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
@@ -58,40 +53,6 @@ __all__ = [
 
 _RNG = "statekeeper_rng"
 _OPTIMIZERS = "statekeeper_optimizer_states"  # name-keyed, in place of "optimizer_states"
-
-
-class StatekeeperCheckpointIO(CheckpointIO):
-    """Lightning checkpoints as statekeeper steps (see the module docstring)."""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any = None
-    ) -> None:
-        if storage_options is not None:
-            raise TypeError("StatekeeperCheckpointIO takes no storage_options")
-        run = Path(path)
-        step = int(checkpoint.get("global_step", 0))
-        # Lightning calls this on the global rank 0 alone: a local save, never a collective
-        save(run, plain_tree(checkpoint), step=step, overwrite=True, scope=Scope.LOCAL)
-        storage = resolve_storage(run)
-        for entry in committed(storage):  # a name saved again (last.ckpt) keeps one step
-            if entry.step != step:
-                storage.remove(entry.name)
-
-    def load_checkpoint(
-        self,
-        path: str | os.PathLike[str],
-        map_location: Any = None,
-        weights_only: bool | None = None,
-    ) -> dict[str, Any]:
-        loaded: dict[str, Any] = read(Path(path))
-        return loaded
-
-    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        target = Path(path)
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
 
 
 class StatekeeperCallback(Callback):
@@ -118,7 +79,7 @@ class StatekeeperCallback(Callback):
         self._boundary: list[Any] | None = None  # an epoch-end checkpoint's loader states
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        checkpoint[_RNG] = RNGState().state_dict()
+        checkpoint[_RNG] = _loadable(RNGState().state_dict())
         if _by_name(trainer, checkpoint):
             names = parameter_names({"model": pl_module})
             # under a key of its own: resumed without this callback, Lightning finds no
@@ -177,7 +138,7 @@ class StatekeeperCallback(Callback):
     def _restore(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            RNGState().load_state_dict(pending)
+            RNGState().load_state_dict(_numpy_back(pending))
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if self._boundary is not None:  # resumed from an epoch's end (lightning_boundary)
@@ -190,6 +151,21 @@ class StatekeeperCallback(Callback):
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         self._restore()  # saved mid-epoch: its iterator was made before it saved
+
+
+def _loadable(rng: dict[str, Any]) -> dict[str, Any]:
+    """The RNG state with numpy's key array as a tensor: a checkpoint written through
+    Lightning's own ``CheckpointIO`` (the callback without the plugin) then loads with
+    ``torch.load(weights_only=True)``, which refuses numpy arrays."""
+    kind, key, *rest = rng["numpy"]
+    return {**rng, "numpy": (kind, torch.from_numpy(np.asarray(key, dtype=np.int64)), *rest)}
+
+
+def _numpy_back(rng: dict[str, Any]) -> dict[str, Any]:
+    kind, key, *rest = rng["numpy"]
+    if isinstance(key, torch.Tensor):
+        key = key.numpy().astype(np.uint32)
+    return {**rng, "numpy": (kind, np.asarray(key, dtype=np.uint32), *rest)}
 
 
 def _by_name(trainer: Any, checkpoint: dict[str, Any]) -> bool:

@@ -153,3 +153,24 @@ def test_the_callback_with_lightnings_own_checkpoint_io_writes_loadable_checkpoi
     resumed = _trainer(6, [StatekeeperCallback()], [])
     resumed.fit(Tiny(), _loader(), ckpt_path=tmp_path / "last.ckpt")
     assert resumed.global_step == 6
+
+
+def test_load_from_checkpoint_builds_the_module_from_a_statekeeper_step(tmp_path: Path) -> None:
+    """LightningModule.load_from_checkpoint reads with torch.load and fails on a step (a
+    directory); statekeeper's load_from_checkpoint does what it does: hyper-parameters
+    (overridden by keywords), weights, strict, map_location."""
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO, load_from_checkpoint
+
+    trainer = _trainer(2, [], [StatekeeperCheckpointIO()])
+    trained = Tiny(width=4)
+    trainer.fit(trained, _loader())
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    with pytest.raises(IsADirectoryError):
+        Tiny.load_from_checkpoint(tmp_path / "model.ckpt")  # Lightning's own: no route
+    got = load_from_checkpoint(Tiny, tmp_path / "model.ckpt", map_location="cpu")
+    assert isinstance(got, Tiny) and got.hparams["width"] == 4
+    assert torch.equal(got.net.weight, trained.net.weight)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_from_checkpoint(Tiny, tmp_path / "model.ckpt", width=3)  # the override is used
+    with pytest.raises(sk.InvalidArgumentError, match="pass the class"):
+        load_from_checkpoint(trained, tmp_path / "model.ckpt")  # type: ignore[arg-type]

@@ -40,6 +40,7 @@ from statekeeper.integrations.lightning_boundary import as_next_epoch, start_epo
 from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_epoch
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
 from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
+from statekeeper.integrations.lightning_load import load_from_checkpoint
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
@@ -49,6 +50,7 @@ __all__ = [
     "StatekeeperCallback",
     "StatekeeperCheckpointIO",
     "StatekeeperModelParallelStrategy",
+    "load_from_checkpoint",
 ]
 
 _RNG = "statekeeper_rng"

@@ -13,7 +13,8 @@ process) or 2 (DDP over gloo, with torchdata's ``StatefulDistributedSampler`` an
 torch's RNG in the training process); at the end it writes its parameters as
 ``[global_step, "final", [values]]``. After step KILL (0: never) every rank SIGKILLs itself;
 with ``resume`` the run resumes with ``ckpt_path="last"``. With ``stock`` the run uses
-neither the callback nor the plugin (plain Lightning, for comparison).
+neither the callback nor the plugin (plain Lightning, for comparison); with ``wrapped`` the
+dataset is wrapped in ``statekeeper.WorkerRNGDataset`` (the fix the callback's warning names).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
+import statekeeper as sk
 from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
 
 BATCHES, BATCH, EPOCHS = 6, 4, 3
@@ -67,6 +69,10 @@ class Recorder(pl.LightningModule):
         x = torch.cat([ids / 24, noise], dim=1)
         return (self.lin(x) * (1 + draw)).pow(2).mean()
 
+    def on_fit_start(self) -> None:
+        if self.trainer.world_size > 1:  # each rank draws its own stream (workers' seeds too)
+            torch.manual_seed(10 + self.global_rank)
+
     def on_train_end(self) -> None:
         self._write("final", [p.flatten().tolist() for p in self.parameters()])
 
@@ -94,21 +100,23 @@ def main() -> None:
     if int(kill):
         callbacks.append(KillAfter(int(kill)))
     ranks = int(devices)
-    data = Augmented(BATCHES * BATCH * ranks)
+    data: Dataset[Any] = Augmented(BATCHES * BATCH * ranks)
+    if "wrapped" in more:
+        data = sk.WorkerRNGDataset(data)
     options: dict[str, Any] = {}
     if ranks > 1:
-        sampler = StatefulDistributedSampler(data, shuffle=True, seed=0)
-        loader = StatefulDataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=2)
         options = {"strategy": "ddp", "use_distributed_sampler": False}
-    else:
-        loader = StatefulDataLoader(data, batch_size=BATCH, shuffle=True, num_workers=2)
     trainer = pl.Trainer(
         max_epochs=EPOCHS, accelerator="cpu", devices=ranks, logger=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
         plugins=[] if stock else [StatekeeperCheckpointIO()], **options,
     )  # fmt: skip
     if ranks > 1:
-        torch.manual_seed(10 + trainer.global_rank)  # each rank draws its own stream
+        rank = trainer.global_rank
+        sampler = StatefulDistributedSampler(data, ranks, rank, shuffle=True, seed=0)
+        loader = StatefulDataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=2)
+    else:
+        loader = StatefulDataLoader(data, batch_size=BATCH, shuffle=True, num_workers=2)
     trainer.fit(Recorder(log), loader, ckpt_path="last" if "resume" in more else None)
 
 

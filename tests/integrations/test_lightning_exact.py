@@ -79,3 +79,31 @@ def test_resumed_from_an_epoch_end_save_draws_the_next_epochs_order(
     expected = _log(straight, 0)
     assert expected[(6, False)][0] != expected[(0, False)][0]  # epochs are shuffled apart
     assert resumed == expected
+
+
+def test_a_plain_augmenting_dataset_in_workers_is_warned_about_and_the_fix_is_exact(
+    tmp_path: Path, straight: Path
+) -> None:
+    """Mid-epoch (newest step 9, epoch 1): the user's plain dataset gets a warning at fit
+    start naming WorkerRNGDataset; with it, every augmentation drawn in the two workers
+    after the resume is the straight run's."""
+    where, log = tmp_path / "run", tmp_path / "log"
+    assert _job(where, log, 3, 10, 1, "wrapped") == -9
+    assert _job(where, log, 3, 0, 1, "resume", "wrapped") == 0
+    assert _log(log, 0) == _log(straight, 0)
+
+
+@pytest.mark.xdist_group("gloo")
+def test_a_ddp_run_resumes_each_ranks_own_loader_worker_rng_and_rng(tmp_path: Path) -> None:
+    """Two gloo ranks that draw apart (their own seeds, their own workers' augmentations),
+    with StatefulDistributedSampler and WorkerRNGDataset, killed mid-epoch 1 and resumed:
+    each rank resumes its own state (Lightning keeps rank 0's checkpoint alone; before,
+    rank 1 resumed rank 0's RNG and workers' RNG)."""
+    straight, where, log = tmp_path / "straight", tmp_path / "run", tmp_path / "log"
+    assert _job(tmp_path / "s", straight, 3, 0, 2, "wrapped") == 0
+    assert _job(where, log, 3, 10, 2, "wrapped") == -9
+    assert len(sk.read(where / "last.ckpt")["statekeeper_ranks"]) == 2
+    assert _job(where, log, 3, 0, 2, "resume", "wrapped") == 0
+    for rank in (0, 1):
+        assert _log(log, rank) == _log(straight, rank), rank
+    assert _log(straight, 0)[(0, False)] != _log(straight, 1)[(0, False)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,29 @@ def test_load_from_checkpoint_builds_the_module_from_a_statekeeper_step(tmp_path
         load_from_checkpoint(Tiny, tmp_path / "model.ckpt", width=3)  # the override is used
     with pytest.raises(sk.InvalidArgumentError, match="pass the class"):
         load_from_checkpoint(trained, tmp_path / "model.ckpt")  # type: ignore[arg-type]
+
+
+class _Noisy(torch.utils.data.Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.rand(4)  # random augmentation, drawn in a worker
+
+
+def test_a_plain_dataset_in_loader_workers_is_warned_about_at_fit_start() -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from statekeeper.integrations.lightning import StatekeeperCallback
+
+    class Model(Tiny):
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            return self.net(batch).pow(2).mean()
+
+    plain = StatefulDataLoader(_Noisy(), batch_size=4, num_workers=2)
+    with pytest.warns(sk.StatekeeperWarning, match=r"WorkerRNGDataset\(dataset\)"):
+        _trainer(1, [StatekeeperCallback()], []).fit(Model(), plain)
+    wrapped = StatefulDataLoader(sk.WorkerRNGDataset(_Noisy()), batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sk.StatekeeperWarning)
+        _trainer(1, [StatekeeperCallback()], []).fit(Model(), wrapped)

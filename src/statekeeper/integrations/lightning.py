@@ -41,6 +41,8 @@ from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
 from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
 from statekeeper.integrations.lightning_load import load_from_checkpoint
+from statekeeper.integrations.lightning_ranks import gather, pick
+from statekeeper.integrations.lightning_warn import warn_inexact
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
@@ -82,6 +84,7 @@ class StatekeeperCallback(Callback):
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[_RNG] = _loadable(RNGState().state_dict())
+        gather(checkpoint, checkpoint[_RNG])  # every rank's own (DDP), not rank 0's alone
         if _by_name(trainer, checkpoint):
             names = parameter_names({"model": pl_module})
             # under a key of its own: resumed without this callback, Lightning finds no
@@ -94,6 +97,7 @@ class StatekeeperCallback(Callback):
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to resume
             return
+        pick(checkpoint, _RNG)  # this rank's RNG and loader states (DDP)
         self._pending = checkpoint.get(_RNG)
         self._loaded = checkpoint  # its optimizer states are mapped once the optimizers exist
         self._resumed = True
@@ -105,6 +109,7 @@ class StatekeeperCallback(Callback):
         self._resumed = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        warn_inexact(trainer)  # what cannot be exact, said before the first step
         if not self._resumed:
             return
         resumed_mid_epoch(trainer, self._loaders)  # Lightning issue #21938

@@ -3,10 +3,13 @@
 ``StatekeeperCheckpointIO`` is a ``CheckpointIO`` plugin: the file Lightning asks for
 (``epoch=1-step=300.ckpt``, ``last.ckpt``) becomes a directory of that name holding one
 committed statekeeper step (atomic, checksummed, no pickle), numbered by the checkpoint's
-``global_step``. ``ModelCheckpoint`` finds, keeps and removes such directories as it does
-files, and ``trainer.fit(..., ckpt_path="last")`` loads them. ``StatekeeperCallback`` adds
-what Lightning's own checkpoint leaves out for an exact, safe resume: every RNG, and
-optimizer state keyed by parameter name.
+``global_step``, at a local path or a URL (``s3://``, ``memory://``: see
+:mod:`statekeeper.integrations.lightning_io`). ``ModelCheckpoint`` finds, keeps and removes
+such directories as it does files, and ``trainer.fit(..., ckpt_path="last")`` loads them;
+:func:`load_from_checkpoint` does what ``LightningModule.load_from_checkpoint`` does.
+``StatekeeperCallback`` adds what Lightning's own checkpoint leaves out for an exact, safe
+resume: every RNG (each rank's own), optimizer state keyed by parameter name, and the
+repairs of Lightning's resume accounting (mid-epoch and at an epoch's end).
 
 Lightning's FSDP2 strategy bypasses ``CheckpointIO``: use
 ``StatekeeperModelParallelStrategy`` in place of ``ModelParallelStrategy`` (each rank's
@@ -163,7 +166,7 @@ class StatekeeperCallback(Callback):
 def _loadable(rng: dict[str, Any]) -> dict[str, Any]:
     """The RNG state with numpy's key array as a tensor: a checkpoint written through
     Lightning's own ``CheckpointIO`` (the callback without the plugin) then loads with
-    ``torch.load(weights_only=True)``, which refuses numpy arrays."""
+    torch's weights-only loading, which refuses numpy arrays."""
     kind, key, *rest = rng["numpy"]
     return {**rng, "numpy": (kind, torch.from_numpy(np.asarray(key, dtype=np.int64)), *rest)}
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
     [
         ("examples/demo.py", "bitwise identical"),
         ("examples/kill_during_save.py", "removed the interrupted save: step_000000300.partial-"),
+        ("examples/lightning_resume.py", "resumed run's weights are bitwise identical"),
         pytest.param(
             "examples/distributed.py",
             "rank 1: losses after resume are bitwise identical",

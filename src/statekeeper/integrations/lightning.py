@@ -3,10 +3,13 @@
 ``StatekeeperCheckpointIO`` is a ``CheckpointIO`` plugin: the file Lightning asks for
 (``epoch=1-step=300.ckpt``, ``last.ckpt``) becomes a directory of that name holding one
 committed statekeeper step (atomic, checksummed, no pickle), numbered by the checkpoint's
-``global_step``. ``ModelCheckpoint`` finds, keeps and removes such directories as it does
-files, and ``trainer.fit(..., ckpt_path="last")`` loads them. ``StatekeeperCallback`` adds
-what Lightning's own checkpoint leaves out for an exact, safe resume: every RNG, and
-optimizer state keyed by parameter name.
+``global_step``, at a local path or a URL (``s3://``, ``memory://``: see
+:mod:`statekeeper.integrations.lightning_io`). ``ModelCheckpoint`` finds, keeps and removes
+such directories as it does files, and ``trainer.fit(..., ckpt_path="last")`` loads them;
+:func:`load_from_checkpoint` does what ``LightningModule.load_from_checkpoint`` does.
+``StatekeeperCallback`` adds what Lightning's own checkpoint leaves out for an exact, safe
+resume: every RNG (each rank's own), optimizer state keyed by parameter name, and the
+repairs of Lightning's resume accounting (mid-epoch and at an epoch's end).
 
 Lightning's FSDP2 strategy bypasses ``CheckpointIO``: use
 ``StatekeeperModelParallelStrategy`` in place of ``ModelParallelStrategy`` (each rank's
@@ -27,23 +30,22 @@ naming it: pass ``save_hyperparameters(ignore=[...])`` for it, or store plain va
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
-from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+import numpy as np
+import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.trainer.states import TrainerFn
 
-from statekeeper.checkpoint.location import committed, resolve_storage
-from statekeeper.checkpoint.save import save
-from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import LoadStateError
-from statekeeper.integrations.held import LoaderState, NamedOptimizer, plain_tree
+from statekeeper.integrations.held import LoaderState, NamedOptimizer
+from statekeeper.integrations.lightning_boundary import as_next_epoch, start_epoch
 from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_epoch
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
-from statekeeper.interop.reading import read
+from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
+from statekeeper.integrations.lightning_load import load_from_checkpoint
+from statekeeper.integrations.lightning_ranks import gather, pick
+from statekeeper.integrations.lightning_warn import warn_inexact
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
 
@@ -53,44 +55,11 @@ __all__ = [
     "StatekeeperCallback",
     "StatekeeperCheckpointIO",
     "StatekeeperModelParallelStrategy",
+    "load_from_checkpoint",
 ]
 
 _RNG = "statekeeper_rng"
 _OPTIMIZERS = "statekeeper_optimizer_states"  # name-keyed, in place of "optimizer_states"
-
-
-class StatekeeperCheckpointIO(CheckpointIO):
-    """Lightning checkpoints as statekeeper steps (see the module docstring)."""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any = None
-    ) -> None:
-        if storage_options is not None:
-            raise TypeError("StatekeeperCheckpointIO takes no storage_options")
-        run = Path(path)
-        step = int(checkpoint.get("global_step", 0))
-        # Lightning calls this on the global rank 0 alone: a local save, never a collective
-        save(run, plain_tree(checkpoint), step=step, overwrite=True, scope=Scope.LOCAL)
-        storage = resolve_storage(run)
-        for entry in committed(storage):  # a name saved again (last.ckpt) keeps one step
-            if entry.step != step:
-                storage.remove(entry.name)
-
-    def load_checkpoint(
-        self,
-        path: str | os.PathLike[str],
-        map_location: Any = None,
-        weights_only: bool | None = None,
-    ) -> dict[str, Any]:
-        loaded: dict[str, Any] = read(Path(path))
-        return loaded
-
-    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        target = Path(path)
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
 
 
 class StatekeeperCallback(Callback):
@@ -114,9 +83,11 @@ class StatekeeperCallback(Callback):
         self._loaded: dict[str, Any] | None = None
         self._resumed = False  # loaded a checkpoint to resume from
         self._loaders: list[Any] | None = None
+        self._boundary: list[Any] | None = None  # an epoch-end checkpoint's loader states
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        checkpoint[_RNG] = RNGState().state_dict()
+        checkpoint[_RNG] = _loadable(RNGState().state_dict())
+        gather(checkpoint, checkpoint[_RNG])  # every rank's own (DDP), not rank 0's alone
         if _by_name(trainer, checkpoint):
             names = parameter_names({"model": pl_module})
             # under a key of its own: resumed without this callback, Lightning finds no
@@ -129,16 +100,19 @@ class StatekeeperCallback(Callback):
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to resume
             return
+        pick(checkpoint, _RNG)  # this rank's RNG and loader states (DDP)
         self._pending = checkpoint.get(_RNG)
         self._loaded = checkpoint  # its optimizer states are mapped once the optimizers exist
         self._resumed = True
+        self._boundary = as_next_epoch(checkpoint)  # saved as an epoch ended: the next begins
         self._loaders = loader_states(checkpoint)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._pending = self._loaded = self._loaders = None  # never carried into a later run
+        self._pending = self._loaded = self._loaders = self._boundary = None  # never carried on
         self._resumed = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        warn_inexact(trainer)  # what cannot be exact, said before the first step
         if not self._resumed:
             return
         resumed_mid_epoch(trainer, self._loaders)  # Lightning issue #21938
@@ -174,16 +148,34 @@ class StatekeeperCallback(Callback):
     def _restore(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            RNGState().load_state_dict(pending)
+            RNGState().load_state_dict(_numpy_back(pending))
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
+        if self._boundary is not None:  # resumed from an epoch's end (lightning_boundary)
+            loaders, self._boundary = self._boundary, None
+            start_epoch(trainer, loaders, self._restore)
+        elif trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
             self._restore()  # a new epoch: saved as the last one ended
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         self._restore()  # saved mid-epoch: its iterator was made before it saved
+
+
+def _loadable(rng: dict[str, Any]) -> dict[str, Any]:
+    """The RNG state with numpy's key array as a tensor: a checkpoint written through
+    Lightning's own ``CheckpointIO`` (the callback without the plugin) then loads with
+    torch's weights-only loading, which refuses numpy arrays."""
+    kind, key, *rest = rng["numpy"]
+    return {**rng, "numpy": (kind, torch.from_numpy(np.asarray(key, dtype=np.int64)), *rest)}
+
+
+def _numpy_back(rng: dict[str, Any]) -> dict[str, Any]:
+    kind, key, *rest = rng["numpy"]
+    if isinstance(key, torch.Tensor):
+        key = key.numpy().astype(np.uint32)
+    return {**rng, "numpy": (kind, np.asarray(key, dtype=np.uint32), *rest)}
 
 
 def _by_name(trainer: Any, checkpoint: dict[str, Any]) -> bool:

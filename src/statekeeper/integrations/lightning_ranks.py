@@ -1,0 +1,63 @@
+"""Each rank's own state in a multi-process Lightning checkpoint.
+
+Lightning writes one checkpoint, rank 0's: its loops hold rank 0's loader positions (with
+its workers' snapshots, ``WorkerRNGDataset``'s random state among them) and
+``StatekeeperCallback``'s RNG entry is rank 0's. Every rank builds the checkpoint though
+(``on_save_checkpoint`` runs on each), so the callback gathers each rank's RNG state and
+loader states into the checkpoint (:func:`gather`), and on resume every rank puts its own
+back in place of rank 0's before Lightning reads them (:func:`pick`). A checkpoint saved by
+another number of ranks is refused for its per-rank part, with the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from statekeeper.errors import LoadStateError
+
+__all__ = ["gather", "pick"]
+
+_RANKS = "statekeeper_ranks"  # [{"rng": ..., "loaders": ...} per rank]
+
+
+def _loaders_of(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict")
+    return state if isinstance(state, dict) and "combined_loader" in state else None
+
+
+def _distributed() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def gather(checkpoint: dict[str, Any], rng: dict[str, Any]) -> None:
+    """On every rank: each rank's RNG and loader states into ``checkpoint`` (a collective:
+    Lightning builds the checkpoint on every rank)."""
+    if not _distributed() or torch.distributed.get_world_size() < 2:
+        return
+    holder = _loaders_of(checkpoint)
+    mine = {"rng": rng, "loaders": None if holder is None else holder["combined_loader"]}
+    every: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, mine)  # the job's own processes' states
+    checkpoint[_RANKS] = every
+
+
+def pick(checkpoint: dict[str, Any], rng_key: str) -> None:
+    """On every rank, before Lightning loads ``checkpoint``: this rank's RNG and loader
+    states in place of rank 0's."""
+    ranks = checkpoint.pop(_RANKS, None)
+    if not isinstance(ranks, list) or not _distributed():
+        return
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    if len(ranks) != world:
+        raise LoadStateError(
+            f"the checkpoint holds the RNG and data-loader states of {len(ranks)} ranks, the "
+            f"run has {world}: resume with {len(ranks)} processes (devices x num_nodes), or "
+            "from a checkpoint saved as an epoch ended with load_state_dict of the weights only"
+        )
+    own = ranks[rank]
+    checkpoint[rng_key] = own["rng"]
+    holder = _loaders_of(checkpoint)
+    if holder is not None and own["loaders"] is not None:
+        holder["combined_loader"] = own["loaders"]

@@ -1,0 +1,203 @@
+"""StatekeeperCheckpointIO's targets (URLs), its removals under AsyncCheckpointIO, Fabric's step
+numbers, and checkpoints written by StatekeeperCallback through Lightning's own CheckpointIO."""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import statekeeper as sk
+
+pl = pytest.importorskip("pytorch_lightning")
+
+
+class Tiny(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Linear(width, 1)
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader() -> Any:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+
+
+def _trainer(steps: int, callbacks: list[Any], plugins: list[Any]) -> Any:
+    saves = any(type(c).__name__ == "ModelCheckpoint" for c in callbacks)
+    return pl.Trainer(
+        max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=callbacks, plugins=plugins,
+        enable_checkpointing=saves,
+    )  # fmt: skip
+
+
+def test_a_url_is_saved_on_its_file_system_not_in_a_local_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+    monkeypatch.chdir(tmp_path)
+    io = StatekeeperCheckpointIO()
+    saves = ModelCheckpoint(dirpath="memory://sk-lightning/run", every_n_train_steps=2)
+    trainer = _trainer(4, [StatekeeperCallback(), saves], [io])
+    trainer.fit(Tiny(), _loader())
+    trainer.save_checkpoint("memory://sk-lightning/extra.ckpt")
+    assert list(tmp_path.iterdir()) == []  # no folder named "memory:" here
+    assert [i.step for i in sk.list_checkpoints("memory://sk-lightning/extra.ckpt")] == [4]
+    assert sk.verify("memory://sk-lightning/extra.ckpt").ok
+    newest = "memory://sk-lightning/run/epoch=0-step=4.ckpt"
+    assert [i.step for i in sk.list_checkpoints(newest)] == [4]
+    assert io.load_checkpoint(newest)["global_step"] == 4
+    io.remove_checkpoint(newest)
+    assert sk.list_checkpoints(newest) == []
+    resumed = _trainer(6, [StatekeeperCallback()], [StatekeeperCheckpointIO()])
+    resumed.fit(Tiny(), _loader(), ckpt_path="memory://sk-lightning/extra.ckpt")
+    assert resumed.global_step == 6
+
+
+def test_async_top_k_removal_of_a_checkpoint_still_being_written_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's AsyncCheckpointIO writes on its thread; ModelCheckpoint(save_top_k=1)
+    removes the previous checkpoint as soon as it asks for the next. The first save is held
+    (on its thread, as it begins writing) until its removal has been asked for: the removal
+    waits for it, and only the newest checkpoint is left."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.plugins.io import AsyncCheckpointIO
+
+    import statekeeper.integrations.lightning_io as plugin
+    from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+    removing, held = threading.Event(), []
+    real = plugin.save
+
+    def save(*args: Any, **kwargs: Any) -> Any:
+        if not held:
+            held.append(True)
+            removing.wait(timeout=120)
+        return real(*args, **kwargs)
+
+    class Watched(StatekeeperCheckpointIO):
+        def remove_checkpoint(self, path: Any) -> None:
+            removing.set()
+            super().remove_checkpoint(path)
+
+    monkeypatch.setattr(plugin, "save", save)
+    io = Watched()
+    saves = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=1)
+    trainer = _trainer(4, [StatekeeperCallback(), saves], [AsyncCheckpointIO(io)])
+    trainer.fit(Tiny(), _loader())  # stock Lightning: no error; before: StorageError
+    assert removing.is_set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=4.ckpt"]
+    assert sk.verify(tmp_path / "epoch=0-step=4.ckpt").ok
+
+
+def test_a_removal_of_a_save_still_queued_drops_it(tmp_path: Path) -> None:
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO
+
+    io = StatekeeperCheckpointIO()
+    first = threading.Thread(target=io.save_checkpoint, args=({"global_step": 1}, tmp_path / "a"))
+    first.start()
+    first.join()  # a save on another thread: the plugin is under AsyncCheckpointIO
+    io.remove_checkpoint(tmp_path / "b")  # b's save has not begun: it is queued
+    later = threading.Thread(target=io.save_checkpoint, args=({"global_step": 2}, tmp_path / "b"))
+    later.start()
+    later.join()
+    assert not os.path.lexists(tmp_path / "b")
+    io.save_checkpoint({"global_step": 3}, tmp_path / "b")  # asked for after: written
+    assert [i.step for i in sk.list_checkpoints(tmp_path / "b")] == [3]
+
+
+def test_fabric_saves_are_numbered_by_the_states_step(tmp_path: Path) -> None:
+    from lightning_fabric import Fabric
+
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO
+
+    fabric = Fabric(accelerator="cpu", devices=1, plugins=[StatekeeperCheckpointIO()])
+    model = fabric.setup(torch.nn.Linear(2, 1))
+    fabric.save(tmp_path / "last", {"model": model, "step": 120})
+    assert [i.step for i in sk.list_checkpoints(tmp_path / "last")] == [120]
+    fabric.save(tmp_path / "last", {"model": model, "global_step": 130})
+    assert [i.step for i in sk.list_checkpoints(tmp_path / "last")] == [130]
+    fabric.save(tmp_path / "other", {"model": model})
+    assert [i.step for i in sk.list_checkpoints(tmp_path / "other")] == [0]
+
+
+def test_the_callback_with_lightnings_own_checkpoint_io_writes_loadable_checkpoints(
+    tmp_path: Path,
+) -> None:
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from statekeeper.integrations.lightning import StatekeeperCallback
+
+    saves = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_last=True)
+    _trainer(4, [StatekeeperCallback(), saves], []).fit(Tiny(), _loader())
+    loaded = torch.load(tmp_path / "last.ckpt", weights_only=True)  # Lightning's own load
+    assert "statekeeper_rng" in loaded
+    resumed = _trainer(6, [StatekeeperCallback()], [])
+    resumed.fit(Tiny(), _loader(), ckpt_path=tmp_path / "last.ckpt")
+    assert resumed.global_step == 6
+
+
+def test_load_from_checkpoint_builds_the_module_from_a_statekeeper_step(tmp_path: Path) -> None:
+    """LightningModule.load_from_checkpoint reads with torch.load and fails on a step (a
+    directory); statekeeper's load_from_checkpoint does what it does: hyper-parameters
+    (overridden by keywords), weights, strict, map_location."""
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO, load_from_checkpoint
+
+    trainer = _trainer(2, [], [StatekeeperCheckpointIO()])
+    trained = Tiny(width=4)
+    trainer.fit(trained, _loader())
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    with pytest.raises(IsADirectoryError):
+        Tiny.load_from_checkpoint(tmp_path / "model.ckpt")  # Lightning's own: no route
+    got = load_from_checkpoint(Tiny, tmp_path / "model.ckpt", map_location="cpu")
+    assert isinstance(got, Tiny) and got.hparams["width"] == 4
+    assert torch.equal(got.net.weight, trained.net.weight)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_from_checkpoint(Tiny, tmp_path / "model.ckpt", width=3)  # the override is used
+    with pytest.raises(sk.InvalidArgumentError, match="pass the class"):
+        load_from_checkpoint(trained, tmp_path / "model.ckpt")  # type: ignore[arg-type]
+
+
+class _Noisy(torch.utils.data.Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.rand(4)  # random augmentation, drawn in a worker
+
+
+def test_a_plain_dataset_in_loader_workers_is_warned_about_at_fit_start() -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from statekeeper.integrations.lightning import StatekeeperCallback
+
+    class Model(Tiny):
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            return self.net(batch).pow(2).mean()
+
+    plain = StatefulDataLoader(_Noisy(), batch_size=4, num_workers=2)
+    with pytest.warns(sk.StatekeeperWarning, match=r"WorkerRNGDataset\(dataset\)"):
+        _trainer(1, [StatekeeperCallback()], []).fit(Model(), plain)
+    wrapped = StatefulDataLoader(sk.WorkerRNGDataset(_Noisy()), batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sk.StatekeeperWarning)
+        _trainer(1, [StatekeeperCallback()], []).fit(Model(), wrapped)

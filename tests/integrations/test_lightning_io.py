@@ -201,3 +201,36 @@ def test_a_plain_dataset_in_loader_workers_is_warned_about_at_fit_start() -> Non
     with warnings.catch_warnings():
         warnings.simplefilter("error", sk.StatekeeperWarning)
         _trainer(1, [StatekeeperCallback()], []).fit(Model(), wrapped)
+
+
+def test_an_old_step_the_plugin_cannot_remove_fails_no_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name saved again (``last.ckpt``) keeps one step: the older one is removed after the
+    new one is committed. One that cannot be removed (a mount point: ``EBUSY``, injected for
+    that one directory) is warned about and the save succeeds; the next save removes it."""
+    import errno
+
+    from lightning_fabric import Fabric
+
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO
+
+    fabric = Fabric(accelerator="cpu", devices=1, plugins=[StatekeeperCheckpointIO()])
+    model = fabric.setup(torch.nn.Linear(2, 1))
+    target = tmp_path / "last.ckpt"
+    fabric.save(target, {"model": model, "step": 1})
+    busy, real_rename = str(target / "step_000000001"), os.rename
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if os.fspath(src) == busy:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), busy)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.warns(sk.StatekeeperWarning, match=r"could not remove step 1 .*step 2 is saved"):
+        fabric.save(target, {"model": model, "step": 2})
+    monkeypatch.undo()
+    assert [i.step for i in sk.list_checkpoints(target)] == [1, 2]
+    assert fabric.load(target, {"model": model})["step"] == 2
+    fabric.save(target, {"model": model, "step": 3})
+    assert [i.step for i in sk.list_checkpoints(target)] == [3]

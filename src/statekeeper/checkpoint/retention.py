@@ -20,7 +20,7 @@ from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import StatekeeperWarning, StorageError, user_stacklevel
 from statekeeper.storage.base import Storage
 
-__all__ = ["PendingRemoval", "RetentionStatus", "Retainer", "apply_retention"]
+__all__ = ["PendingRemoval", "RetentionStatus", "Retainer", "apply_retention", "keep_only"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +139,20 @@ class Retainer:
     @staticmethod
     def _warn(message: str) -> None:
         warnings.warn(f"statekeeper: {message}", StatekeeperWarning, stacklevel=user_stacklevel())
+
+
+def keep_only(storage: Storage, step: int) -> list[int]:
+    """After ``step`` was committed into a target saved again and again (Lightning's
+    ``last.ckpt``), remove the target's other committed steps. Like :class:`Retainer`, it
+    never fails the committed save: a step it cannot remove stays and is warned about (it is
+    tried again at the next save of that target). Returns the steps removed."""
+    doomed = [(p.step, p.name) for p in committed(storage) if p.step != step]
+    deleted, failed = _remove_all(storage, doomed)
+    for old, reason in sorted(failed.items()):
+        Retainer._warn(
+            f"could not remove step {old} of {storage.describe()} ({reason}); step {step} is "
+            "saved and is the one loaded, and the old step is removed at the next save there. "
+            "Make the directory removable (an immutable attribute, a mount on it) or delete it "
+            "by hand"
+        )
+    return deleted

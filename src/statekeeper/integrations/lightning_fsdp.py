@@ -24,7 +24,8 @@ from typing import Any
 from pytorch_lightning.strategies import ModelParallelStrategy
 
 from statekeeper.checkpoint.load import Strict, load
-from statekeeper.checkpoint.location import committed, resolve_storage
+from statekeeper.checkpoint.location import resolve_storage
+from statekeeper.checkpoint.retention import keep_only
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.distributed.per_rank import PerRank
@@ -80,18 +81,9 @@ class StatekeeperModelParallelStrategy(ModelParallelStrategy):
         state = {**self._live("optimizer_states" in checkpoint), _RNG: rng, _REST: plain_tree(rest)}
         step = int(checkpoint.get("global_step", 0))
         save(run, state, step=step, overwrite=True, scope=Scope.AUTO)
-        failure: OSError | None = None
-        if self.global_rank == 0:  # a name saved again (last.ckpt) keeps one step
-            try:
-                storage = resolve_storage(run)
-                for entry in committed(storage):
-                    if entry.step != step:
-                        storage.remove(entry.name)
-            except OSError as exc:
-                failure = exc
-        self.barrier("statekeeper_save")  # every rank, even when rank 0 failed to prune
-        if failure is not None:
-            raise failure
+        if self.global_rank == 0:  # a name saved again (last.ckpt) keeps one step; a step
+            keep_only(resolve_storage(run), step)  # it cannot remove is warned about
+        self.barrier("statekeeper_save")
 
     def load_checkpoint(
         self, checkpoint_path: str | os.PathLike[str], weights_only: bool | None = None

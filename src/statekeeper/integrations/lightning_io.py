@@ -25,7 +25,8 @@ from typing import Any
 
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 
-from statekeeper.checkpoint.location import committed, resolve_storage
+from statekeeper.checkpoint.location import resolve_storage
+from statekeeper.checkpoint.retention import keep_only
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import InvalidArgumentError
@@ -104,9 +105,7 @@ class StatekeeperCheckpointIO(CheckpointIO):
             storage = self._storage(target)
             # Lightning calls this on the global rank 0 alone: a local save, never a collective
             save(storage, plain_tree(checkpoint), step=step, overwrite=True, scope=Scope.LOCAL)
-            for entry in committed(storage):  # a name saved again (last.ckpt) keeps one step
-                if entry.step != step:
-                    storage.remove(entry.name)
+            keep_only(storage, step)  # a name saved again (last.ckpt) keeps one step
         finally:
             with self._lock:
                 self._writing[target] -= 1

@@ -72,6 +72,53 @@ def test_a_url_is_saved_on_its_file_system_not_in_a_local_folder(
     assert resumed.global_step == 6
 
 
+def test_modelcheckpoint_on_s3_saves_resumes_and_prunes_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: Any
+) -> None:
+    """The real S3 protocol (moto's server on localhost, through s3fs): ModelCheckpoint's
+    steps are written to the bucket (verified there), its top-k pruning removes them there,
+    and a run resumes from one."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+    monkeypatch.chdir(tmp_path)
+    # ModelCheckpoint lists and checks its dirpath on a file system of its own, configured
+    # as a user configures s3fs for a job: by the environment (here, the local server only)
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_server.endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    run = f"s3://{s3_server.new_bucket()}/run"
+    io = StatekeeperCheckpointIO(storage_options=s3_server.options)
+    saves = ModelCheckpoint(
+        dirpath=run, every_n_train_steps=2, save_top_k=1, monitor="progress", mode="max"
+    )
+    trainer = _trainer(6, [StatekeeperCallback(), saves], [io])
+    trainer.fit(_Logging(), _loader())
+    assert list(tmp_path.iterdir()) == []  # nothing local named "s3:"
+    fs = s3_server.filesystem()
+    names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(run.removeprefix("s3://"), refresh=True))
+    assert names == ["epoch=1-step=6.ckpt"]  # top-1 by step: the older two pruned on S3
+    newest = f"{run}/epoch=1-step=6.ckpt"
+    storage = sk.FsspecStorage(newest, **s3_server.options)
+    assert [i.step for i in sk.list_checkpoints(storage)] == [6] and sk.verify(storage).ok
+    resumed = _trainer(
+        8, [StatekeeperCallback()], [StatekeeperCheckpointIO(storage_options=s3_server.options)]
+    )
+    resumed.fit(_Logging(), _loader(), ckpt_path=newest)
+    assert resumed.global_step == 8
+
+
+class _Logging(Tiny):
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        self.log("progress", float(self.global_step))
+        return super().training_step(batch, index)
+
+
 def test_async_top_k_removal_of_a_checkpoint_still_being_written_waits_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -125,22 +125,9 @@ def test_a_killed_two_process_job_resumes_each_rank_from_its_own_state(tmp_path:
 def test_the_accelerate_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_path: Path) -> None:
     """The user-level example of docs/integrations.md, run to its end; run again, SIGKILLed
     right after its step 10 is committed, then run once more: the same final weights."""
-    import sys
+    from tests.helpers.doc_examples import run_killed_and_resumed
 
-    from tests.helpers import launcher
-
-    def run(where: Path, kill: int) -> tuple[int, str]:
-        args = [sys.executable, "-m", "tests.helpers.hf_examples", "accelerate", str(where)]
-        args.append(str(kill))
-        done = launcher.run(args, cwd=launcher.ROOT, capture_output=True, text=True, timeout=600)
-        assert done.returncode in (0, -9), done.stderr[-3000:]
-        return done.returncode, done.stdout
-
-    code, straight = run(tmp_path / "straight", 0)
-    assert code == 0 and "final weights" in straight
-    assert run(tmp_path / "killed", 10)[0] == -9
-    code, resumed = run(tmp_path / "killed", 0)
-    assert code == 0 and resumed.split("final weights")[1] == straight.split("final weights")[1]
+    run_killed_and_resumed(tmp_path, "accelerate", 10)
 
 
 def test_workers_started_before_statekeeper_saw_the_loader_warn_at_save(tmp_path: Path) -> None:

@@ -246,3 +246,12 @@ def test_a_ddp_run_resumed_mid_epoch_trains_on_the_same_samples(tmp_path: Path) 
         )
         assert sorted(straight) == list(range(10)) and resumed == straight, rank
         assert straight[6][0] != straight[2][0]  # epochs 0 and 1 are drawn in other orders
+
+
+def test_the_fabric_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_path: Path) -> None:
+    """The user-level Fabric example of docs/integrations.md (two workers augmenting with
+    torch's, numpy's and Python's RNGs), run to its end; run again, SIGKILLed right after
+    its step 10 (mid-epoch) is committed, then run once more: the same final weights."""
+    from tests.helpers.doc_examples import run_killed_and_resumed
+
+    run_killed_and_resumed(tmp_path, "fabric", 10)

@@ -202,3 +202,12 @@ def test_what_cannot_be_saved_faithfully_is_refused(tmp_path: Path) -> None:
         DataParallelLoader(loader).load_state_dict(saved)
     with pytest.raises(sk.InvalidArgumentError, match="closed"):
         manager.save(curr_step=2)
+
+
+def test_the_torchtitan_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_path: Path) -> None:
+    """The user-level torchtitan example of docs/integrations.md, run to its end; run
+    again, SIGKILLed right after its step 10 (mid-epoch) is committed, then run once more:
+    the same final weights."""
+    from tests.helpers.doc_examples import run_killed_and_resumed
+
+    run_killed_and_resumed(tmp_path, "torchtitan", 10)

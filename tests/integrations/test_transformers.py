@@ -402,22 +402,9 @@ def test_a_killed_ddp_run_resumes_each_ranks_loader_and_workers(tmp_path: Path) 
 def test_the_transformers_example_of_the_docs_resumes_bitwise_after_a_kill(tmp_path: Path) -> None:
     """The user-level example of docs/integrations.md, run to its end; run again, SIGKILLed
     right after its step 10 is committed, then run once more: the same final weights."""
-    import sys
+    from tests.helpers.doc_examples import run_killed_and_resumed
 
-    from tests.helpers import launcher
-
-    def run(where: Path, kill: int) -> tuple[int, str]:
-        args = [sys.executable, "-m", "tests.helpers.hf_examples", "transformers", str(where)]
-        args.append(str(kill))
-        done = launcher.run(args, cwd=launcher.ROOT, capture_output=True, text=True, timeout=600)
-        assert done.returncode in (0, -9), done.stderr[-3000:]
-        return done.returncode, done.stdout
-
-    code, straight = run(tmp_path / "straight", 0)
-    assert code == 0 and "final weights" in straight
-    assert run(tmp_path / "killed", 10)[0] == -9
-    code, resumed = run(tmp_path / "killed", 0)
-    assert code == 0 and resumed.split("final weights")[1] == straight.split("final weights")[1]
+    run_killed_and_resumed(tmp_path, "transformers", 10)
 
 
 def test_an_unseedable_sampler_warns_at_train_start_and_saves_no_loader(tmp_path: Path) -> None:

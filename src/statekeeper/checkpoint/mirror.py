@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from statekeeper.arguments import require_count, require_instance, require_path, require_seconds
 from statekeeper.checkpoint.location import PathOrStorage
 from statekeeper.checkpoint.policies import Retention
+from statekeeper.errors import InvalidArgumentError
 from statekeeper.storage.base import Storage
 
-__all__ = ["Mirror", "MirrorStatus"]
+__all__ = ["Mirror", "MirrorStatus", "require_single_process"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +77,19 @@ class MirrorStatus:
     uploading: int | None
     uploaded: int | None
     failed: dict[int, str] = field(default_factory=dict)
+
+
+def require_single_process(distributed: bool, step: int | None = None) -> None:
+    """``InvalidArgumentError`` for a mirror in a multi-process job (not supported yet):
+    at construction, or when ``step`` was saved after ``init_process_group()``."""
+    if not distributed:
+        return
+    if step is None:
+        raise InvalidArgumentError(
+            "mirror= is for single-process runs for now: in a multi-process job each "
+            "rank's files may be on its own node; save to the shared or remote storage"
+        )
+    raise InvalidArgumentError(
+        f"step {step} is saved, but mirror= is for single-process runs: "
+        "create the Checkpointer after init_process_group(), without mirror="
+    )

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping
 from contextlib import ExitStack
 from dataclasses import replace
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -65,13 +66,8 @@ class Checkpointer:
     collective (see docs/distributed.md); rank 0 holds the lock, commits and applies
     retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
 
-    ``incremental`` (single-process saves): with ``Incremental.REUSE``, the default, a tensor
-    file identical to one of an earlier step is hard-linked (or copied by the object
-    store), not written again, and never so that every step ``keep`` keeps shares the
-    same copy (see ``docs/incremental.md``).
-
-    ``origin``: how much each manifest records about where it was written (see
-    :func:`statekeeper.save`; ``None``: ``STATEKEEPER_ORIGIN``, else ``Origin.REDACTED``).
+    ``incremental`` and ``origin`` are :func:`statekeeper.save`'s (with ``Incremental.REUSE``
+    no tensor file is shared by every step ``keep`` keeps: ``docs/incremental.md``).
     """
 
     PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: a temporary failure, run me again
@@ -128,6 +124,8 @@ class Checkpointer:
         except BaseException:
             self._stack.close()  # the writer lock is not kept by a Checkpointer never made
             raise
+        if self._watch is not None:  # closed first: the handlers installed before come back
+            self._stack.callback(self._watch.close)
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if RNG_ENTRY in state:
@@ -158,15 +156,11 @@ class Checkpointer:
         self._wait_writer()
         if self._leader:  # interrupted saves go; a set-aside committed copy comes back
             clean_up(self.storage)
-        full = self._with_rng(state)
-        if self._uploader is not None:  # both tiers (checkpoint/tiered.py)
-            info = self._uploader.restore(
-                full, strict=strict, scope=self._scope, change=on_optimizer_change
-            )
-        else:
-            info = newest_intact(
-                [self.storage], full, strict=strict, scope=self._scope, change=on_optimizer_change
-            )
+        tiers = self._uploader  # with a mirror both tiers (checkpoint/tiered.py)
+        restore = partial(newest_intact, [self.storage]) if tiers is None else tiers.restore
+        info = restore(
+            self._with_rng(state), strict=strict, scope=self._scope, change=on_optimizer_change
+        )
         if self._leader:
             self._damaged.found(None if info is None else info.step)
         if info is not None:
@@ -328,12 +322,7 @@ class Checkpointer:
             if self._uploader is not None:
                 self._uploader.finish(quiet=quiet_uploads)
         finally:
-            self._release()
-
-    def _release(self) -> None:
-        if self._watch is not None:
-            self._watch.close()  # the handlers installed before come back
-        self._stack.close()
+            self._stack.close()  # the signal handlers, then the writer lock
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -134,6 +134,31 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         lambda t: sk.load(_saved(t), {"x": torch.zeros(2)}, strict=True),
         ("strict", "Strict"),
     ),
+    "Mirror(5)": (lambda t: sk.Mirror(5), ("Mirror target", "s3://bucket/run")),  # type: ignore[arg-type]
+    "Mirror(keep=3)": (
+        lambda t: sk.Mirror(str(t / "m"), keep=3),  # type: ignore[arg-type]
+        ("Mirror keep", "KeepEvery(10)"),
+    ),
+    "Mirror(timeout='5')": (
+        lambda t: sk.Mirror(str(t / "m"), timeout="5"),  # type: ignore[arg-type]
+        ("Mirror timeout", "seconds"),
+    ),
+    "Mirror(close_timeout=True)": (
+        lambda t: sk.Mirror(str(t / "m"), close_timeout=True),
+        ("Mirror close_timeout", "None"),
+    ),
+    "Mirror(retries=2.0)": (
+        lambda t: sk.Mirror(str(t / "m"), retries=2.0),  # type: ignore[arg-type]
+        ("Mirror retries", "int"),
+    ),
+    "Mirror(concurrency=True)": (
+        lambda t: sk.Mirror(str(t / "m"), concurrency=True),
+        ("Mirror concurrency", "int"),
+    ),
+    "Checkpointer mirror='s3://...'": (
+        lambda t: _ckpt(t, mirror="s3://bucket/run"),  # type: ignore[arg-type]
+        ("mirror", "statekeeper.Mirror("),
+    ),
     "export overwrite='no'": (
         lambda t: sk.export(_saved(t), t / "o.safetensors", overwrite="no"),
         ("overwrite", "True or False"),

@@ -263,6 +263,14 @@ def test_mirror_arguments_are_checked(tmp_path: Path) -> None:
         sk.Mirror("memory://m", backoff=-1)
     with pytest.raises(sk.InvalidArgumentError, match=r"statekeeper\.Mirror"):
         sk.Checkpointer(tmp_path, mirror="s3://b/run")  # type: ignore[arg-type]
+    # values of the right type out of range are the ValueError kind, not the TypeError one
+    for bad in ({"timeout": 0}, {"timeout": float("nan")}, {"close_timeout": -1.0}):
+        with pytest.raises(sk.InvalidArgumentError, match=next(iter(bad))) as caught:
+            sk.Mirror("memory://m", **bad)  # type: ignore[arg-type]
+        assert not isinstance(caught.value, TypeError)
+    with pytest.raises(sk.InvalidArgumentError, match="retries") as caught:
+        sk.Mirror("memory://m", retries=-1)
+    assert not isinstance(caught.value, TypeError)
 
 
 def test_a_mirror_on_another_local_disk_works_the_same(tmp_path: Path) -> None:

@@ -9,46 +9,34 @@ loads the newest step that is intact.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 from contextlib import ExitStack
 from dataclasses import replace
+from functools import partial
 from types import TracebackType
 from typing import Any
 
-from statekeeper.arguments import require_bool, require_callable, require_mapping
+from statekeeper.arguments import require_bool
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
-from statekeeper.checkpoint.damage import damaged_since, set_aside
+from statekeeper.checkpoint.damage import DamagedSteps
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.listing import clean_up, warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable
-from statekeeper.checkpoint.location import (
-    PathOrStorage,
-    committed,
-    resolve_storage,
-    validate_step,
-)
-from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
-from statekeeper.checkpoint.options import SaveOptions
+from statekeeper.checkpoint.location import PathOrStorage, resolve_storage
+from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, require_single_process
+from statekeeper.checkpoint.options import SaveOptions, check_checkpointer_options
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.resume import newest_intact
 from statekeeper.checkpoint.retention import Retainer, RetentionStatus
-from statekeeper.checkpoint.save import check_state, save_state
+from statekeeper.checkpoint.save import check_save, save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import SignalWatch
 from statekeeper.checkpoint.uploader import Uploader
-from statekeeper.checkpoint.writer import METRICS
-from statekeeper.errors import (
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    StatekeeperError,
-    StatekeeperWarning,
-    user_stacklevel,
-)
+from statekeeper.errors import InvalidArgumentError, StatekeeperError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import Generator, RNGState
@@ -56,11 +44,6 @@ from statekeeper.state.rng import Generator, RNGState
 __all__ = ["RNG_ENTRY", "Checkpointer"]
 
 RNG_ENTRY = "rng"
-
-
-def _require(name: str, value: object, kind: type, what: str) -> None:
-    if value is not None and not isinstance(value, kind):
-        raise InvalidArgumentTypeError(f"{name} must be {what}, got {value!r}")
 
 
 class Checkpointer:
@@ -83,13 +66,8 @@ class Checkpointer:
     collective (see docs/distributed.md); rank 0 holds the lock, commits and applies
     retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
 
-    ``incremental`` (single-process saves): with ``Incremental.REUSE``, the default, a tensor
-    file identical to one of an earlier step is hard-linked (or copied by the object
-    store), not written again, and never so that every step ``keep`` keeps shares the
-    same copy (see ``docs/incremental.md``).
-
-    ``origin``: how much each manifest records about where it was written (see
-    :func:`statekeeper.save`; ``None``: ``STATEKEEPER_ORIGIN``, else ``Origin.REDACTED``).
+    ``incremental`` and ``origin`` are :func:`statekeeper.save`'s (with ``Incremental.REUSE``
+    no tensor file is shared by every step ``keep`` keeps: ``docs/incremental.md``).
     """
 
     PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: a temporary failure, run me again
@@ -109,27 +87,18 @@ class Checkpointer:
         mirror: Mirror | None = None,
         origin: Origin | None = None,
     ) -> None:
-        _require("keep", keep, Retention, "a retention policy such as KeepLatest(3)")
-        _require("every", every, SavePolicy, "a save policy such as EverySteps(100)")
-        _require("mirror", mirror, Mirror, "a statekeeper.Mirror('s3://bucket/run', ...)")
-        require_bool("async_save", async_save)
-        require_callable(
-            "clock", clock, "clock() -> seconds, such as time.monotonic", optional=False
-        )
+        check_checkpointer_options(keep, every, mirror, async_save, clock)
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)
-        if mirror is not None and self._distributed:
-            raise InvalidArgumentError(
-                "mirror= is for single-process runs for now: in a multi-process job each "
-                "rank's files may be on its own node; save to the shared or remote storage"
-            )
+        if mirror is not None:
+            require_single_process(self._distributed)
         self._uploader = Uploader(self.storage, mirror) if mirror is not None else None
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
         self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
-        self._retainer = Retainer(self.storage, keep) if keep is not None else None
-        self._damaged: set[int] = set()  # skipped by restore_latest: saved again, set aside
+        self._retainer = Retainer(self.storage, keep)
+        self._damaged = DamagedSteps(self.storage)  # skipped by a resume: saved again
         self.every = every
         self.rng = RNGState(generators)
         self._options = SaveOptions(
@@ -155,9 +124,10 @@ class Checkpointer:
         except BaseException:
             self._stack.close()  # the writer lock is not kept by a Checkpointer never made
             raise
+        if self._watch is not None:  # closed first: the handlers installed before come back
+            self._stack.callback(self._watch.close)
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        check_state(state)
         if RNG_ENTRY in state:
             raise InvalidArgumentError(
                 f"the state name {RNG_ENTRY!r} is reserved for the Checkpointer's RNG state; "
@@ -186,17 +156,13 @@ class Checkpointer:
         self._wait_writer()
         if self._leader:  # interrupted saves go; a set-aside committed copy comes back
             clean_up(self.storage)
-        full = self._with_rng(state)
-        if self._uploader is not None:  # both tiers (checkpoint/tiered.py)
-            info = self._uploader.restore(
-                full, strict=strict, scope=self._scope, change=on_optimizer_change
-            )
-        else:
-            info = newest_intact(
-                [self.storage], full, strict=strict, scope=self._scope, change=on_optimizer_change
-            )
+        tiers = self._uploader  # with a mirror both tiers (checkpoint/tiered.py)
+        restore = partial(newest_intact, [self.storage]) if tiers is None else tiers.restore
+        info = restore(
+            self._with_rng(state), strict=strict, scope=self._scope, change=on_optimizer_change
+        )
         if self._leader:
-            self._damaged = damaged_since(self.storage, None if info is None else info.step)
+            self._damaged.found(None if info is None else info.step)
         if info is not None:
             if isinstance(state, MutableMapping):  # plain values, as load assigns them
                 state.update(info.values)
@@ -210,23 +176,15 @@ class Checkpointer:
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
     ) -> CheckpointInfo | PendingSave | None:
         """Save when the ``every`` policy says so (and ``step`` is not committed yet)."""
-        validate_step(step)
-        check_state(state)
-        require_mapping("metrics", metrics, METRICS, optional=True)
+        check_save(step, state, metrics)
         if self.every is None:
             raise InvalidArgumentError(
                 "maybe_save needs a save policy: Checkpointer(..., every=EverySteps(n))"
             )
-        watch = self._watch
-        if watch is not None and not watch.installed():
-            warnings.warn(
-                "statekeeper: another signal handler replaced the Checkpointer's for "
-                f"{', '.join(s.name for s in watch.signals)}: OnSignal no longer sees them",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
-        signalled = watch is not None and watch.fired
-        saved = step not in self._damaged and any(p.step == step for p in committed(self.storage))
+        if self._watch is not None:
+            self._watch.warn_if_replaced()
+        signalled = self._watch is not None and self._watch.fired
+        saved = self._damaged.saved(step)
         due = self.every.should_save(step, self._clock() - self._last_save) and not saved
         if self._distributed:  # one collective: rank 0's clock and listing, any rank's signal
             due, signalled, saved = collective().decide(step, due, signalled, saved)
@@ -247,12 +205,10 @@ class Checkpointer:
             failure = exc
         info = None if saved else self._save(step, state, metrics, writer=None)
         self.preempted = True
+        if self._watch is not None:  # the previous handler runs once this state is safe
+            self._watch.chain(run_previous=failure is None)
         if failure is not None:
-            if self._watch is not None:
-                self._watch.chain(run_previous=False)
             raise failure
-        if self._watch is not None:
-            self._watch.chain()
         return info if isinstance(info, CheckpointInfo) or info is None else info.wait()
 
     def save(
@@ -266,6 +222,7 @@ class Checkpointer:
         """Save now (RNG included), then apply retention (in the background if async).
         ``overwrite`` replaces the step when it is committed already (a run rolled back to
         an older step saves its numbers again)."""
+        check_save(step, state, metrics)
         require_bool("overwrite", overwrite)
         return self._save(step, state, metrics, self._writer, overwrite)
 
@@ -285,8 +242,7 @@ class Checkpointer:
             writer = None  # made before the process group: its writer is a local one
         if self._leader and step in self._damaged:  # a restart over damage: kept aside
             self._wait_writer()
-            overwrite = set_aside(self.storage, step) or overwrite
-            self._damaged.discard(step)
+            overwrite = self._damaged.set_aside(step) or overwrite
         result = save_state(
             self.storage,
             full,
@@ -306,14 +262,10 @@ class Checkpointer:
         self._retention(info)
 
     def _retention(self, info: CheckpointInfo) -> None:
-        if self._leader:  # in a job, rank 0 applies retention for everyone
-            self._retain(info.step)  # keeps the new step (the newest) and those waiting
-        if self._uploader is not None:
-            if is_distributed(self._scope):  # torch.distributed began after this Checkpointer
-                raise InvalidArgumentError(
-                    f"step {info.step} is saved, but mirror= is for single-process runs: "
-                    "create the Checkpointer after init_process_group(), without mirror="
-                )
+        if self._leader:  # in a job, rank 0 applies retention for everyone; never fails
+            self._retainer.apply(info.step, self._protected())  # a committed save: it warns
+        if self._uploader is not None:  # torch.distributed may have begun since __init__
+            require_single_process(is_distributed(self._scope), info.step)
             self._uploader.submit(info.step)  # last: the upload starts as the save returns
 
     def wait(self) -> CheckpointInfo | None:
@@ -334,18 +286,16 @@ class Checkpointer:
         if self._writer is not None:
             self._writer.wait()
 
-    def _retain(self, newest: int) -> None:
-        if self._retainer is None:
-            return
-        protect = {newest, *([] if self._resumed_from is None else [self._resumed_from])}
-        if self._uploader is not None:
-            protect |= self._uploader.pending()
-        self._retainer.apply(newest, protect)  # never fails the committed save: it warns
+    def _protected(self) -> set[int]:
+        """Steps retention keeps besides the new one: the step resumed from, and those
+        waiting for their upload."""
+        resumed = set() if self._resumed_from is None else {self._resumed_from}
+        return resumed | (set() if self._uploader is None else self._uploader.pending())
 
     def retention_status(self) -> RetentionStatus:
         """The steps retention could not remove yet, with why (tried again at every save);
         empty without ``keep=`` or when every removal succeeded."""
-        return RetentionStatus() if self._retainer is None else self._retainer.status()
+        return self._retainer.status()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -372,12 +322,7 @@ class Checkpointer:
             if self._uploader is not None:
                 self._uploader.finish(quiet=quiet_uploads)
         finally:
-            self._release()
-
-    def _release(self) -> None:
-        if self._watch is not None:
-            self._watch.close()  # the handlers installed before come back
-        self._stack.close()
+            self._stack.close()  # the signal handlers, then the writer lock
 
     def __enter__(self) -> Checkpointer:
         return self

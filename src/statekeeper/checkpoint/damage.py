@@ -17,7 +17,7 @@ from statekeeper.checkpoint.location import committed
 from statekeeper.errors import StatekeeperWarning, user_stacklevel
 from statekeeper.storage.base import Storage
 
-__all__ = ["DAMAGED_LABEL", "damaged_since", "set_aside"]
+__all__ = ["DAMAGED_LABEL", "DamagedSteps", "damaged_since", "set_aside"]
 
 DAMAGED_LABEL = "damaged"
 
@@ -54,3 +54,30 @@ def set_aside(storage: Storage, step: int) -> bool:
         stacklevel=user_stacklevel(),
     )
     return False
+
+
+class DamagedSteps:
+    """The Checkpointer's record of the steps its resume skipped as damaged (kept by the
+    process that holds the writer lock): each is saved again, its damaged copy set aside
+    first."""
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+        self._steps: set[int] = set()
+
+    def found(self, resumed: int | None) -> None:
+        """After a resume from ``resumed`` (None: from nothing)."""
+        self._steps = damaged_since(self._storage, resumed)
+
+    def __contains__(self, step: object) -> bool:
+        return step in self._steps
+
+    def saved(self, step: int) -> bool:
+        """Whether ``step`` is committed and not one to save again over damage."""
+        return step not in self._steps and any(p.step == step for p in committed(self._storage))
+
+    def set_aside(self, step: int) -> bool:
+        """Before the new save of the damaged ``step``: its copy set aside; whether the save
+        must replace it instead (see :func:`set_aside`)."""
+        self._steps.discard(step)
+        return set_aside(self._storage, step)

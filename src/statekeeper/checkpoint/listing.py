@@ -34,20 +34,42 @@ __all__ = [
 
 def list_checkpoints(directory: PathOrStorage) -> list[CheckpointInfo]:
     """Committed steps, oldest first. A step whose manifest is damaged has ``error`` set (one
-    bad step never fails the listing); a step deleted while it is listed is left out."""
+    bad step never fails the listing); a step deleted while it is listed is left out.
+
+    A step renamed while it is listed (the writer's recovery putting a set-aside copy back
+    as ``step_N``) is found again under its new name; where a step vanished, the run is
+    listed once more, so that a step renamed between two looks is not left out."""
     storage = resolve_storage(directory)
-    infos = []
-    for parsed in committed(storage):
-        location = Location(storage, parsed.name, parsed.step)
+    infos: dict[int, CheckpointInfo] = {}
+    for _ in range(2):
+        vanished = False
+        for parsed in committed(storage):
+            if parsed.step not in infos:
+                info = _listed(storage, parsed)
+                vanished |= info is None
+                if info is not None:
+                    infos[parsed.step] = info
+        if not vanished:
+            break
+    return [infos[step] for step in sorted(infos)]
+
+
+def _listed(storage: Storage, parsed: ParsedEntry) -> CheckpointInfo | None:
+    """One committed step's info (``error`` set when it is damaged); None when it is gone."""
+    location = Location(storage, parsed.name, parsed.step)
+    try:
+        manifest = read_manifest(location)
         try:
-            manifest = read_manifest(location)
-            size = storage.size(parsed.name, MANIFEST)
-            infos.append(CheckpointInfo.from_manifest(location.path(), manifest, size))
-        except (StatekeeperError, OSError) as exc:
-            if isinstance(exc, FileNotFoundError) and location.gone():
-                continue  # deleted since the listing began: no longer a step of the run
-            infos.append(CheckpointInfo(parsed.step, location.path(), 0, None, error=str(exc)))
-    return infos
+            size = storage.size(location.entry, MANIFEST)
+        except FileNotFoundError:  # renamed since its manifest was read
+            if not location.relocate():
+                raise
+            size = storage.size(location.entry, MANIFEST)
+        return CheckpointInfo.from_manifest(location.path(), manifest, size)
+    except (StatekeeperError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError) and location.gone():
+            return None  # deleted since the listing began: no longer a step of the run
+        return CheckpointInfo(parsed.step, location.path(), 0, None, error=str(exc))
 
 
 def list_partial(directory: PathOrStorage) -> list[ParsedEntry]:

@@ -93,9 +93,25 @@ class Location:
     def path(self, name: str = "") -> str:
         return self.storage.describe(self.entry, name)
 
+    def relocate(self) -> bool:
+        """Find the step again by its number after its entry vanished: the writer's recovery
+        renamed the set-aside copy being read (``step_N.replaced-<id>``) back to ``step_N``,
+        or an overwrite set ``step_N`` aside between its two renames. Whether it is committed
+        under another name now (``entry`` then names it: same files, same bytes)."""
+        if self.step < 0:
+            return False
+        for p in committed(self.storage):
+            if p.step == self.step and p.name != self.entry:
+                self.entry = p.name
+                return True
+        return False
+
     def gone(self) -> bool:
-        """Whether the step is no longer committed (deleted while it was being read)."""
-        return self.step >= 0 and self.entry not in self.storage.entries()
+        """Whether the step is no longer committed (deleted while it was being read); a step
+        committed under another name now (:meth:`relocate`) is not gone."""
+        if self.step < 0 or self.entry in self.storage.entries():
+            return False
+        return not self.relocate()
 
     def gone_error(self) -> StepNotFoundError:
         return StepNotFoundError(

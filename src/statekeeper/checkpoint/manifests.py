@@ -15,15 +15,18 @@ __all__ = ["read_manifest"]
 def read_manifest(location: Location) -> Manifest:
     """The step's parsed, self-verified manifest. ``StepNotFoundError`` when the step was
     deleted meanwhile; ``CorruptCheckpointError`` when it is missing, too large, or bad."""
-    path = location.path(MANIFEST)
-    storage, entry = location.storage, location.entry
-    try:
-        size = storage.size(entry, MANIFEST)
-        if size > MAX_MANIFEST_BYTES:
-            raise CorruptCheckpointError(
-                path, f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit"
-            )
-        data = storage.read(entry, MANIFEST)
-    except FileNotFoundError:
-        raise missing(location, MANIFEST) from None
+    for again in (False, True):  # once more where the step was renamed meanwhile
+        path = location.path(MANIFEST)
+        storage, entry = location.storage, location.entry
+        try:
+            size = storage.size(entry, MANIFEST)
+            if size > MAX_MANIFEST_BYTES:
+                raise CorruptCheckpointError(
+                    path, f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit"
+                )
+            data = storage.read(entry, MANIFEST)
+            break
+        except FileNotFoundError:
+            if again or not location.relocate():
+                raise missing(location, MANIFEST) from None
     return Manifest.from_bytes(path, bytes(data))

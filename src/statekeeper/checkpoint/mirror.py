@@ -23,25 +23,15 @@ mirror's own retention policy (``Mirror.keep``) applies to the mirror.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from statekeeper.arguments import require_count, require_instance, require_path, require_seconds
 from statekeeper.checkpoint.location import PathOrStorage
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.storage.base import Storage
 
-__all__ = ["Mirror", "MirrorStatus"]
-
-
-def _seconds(name: str, value: object, *, none: bool = False) -> None:
-    if value is None and none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgumentError(f"Mirror {name} must be seconds (a number), got {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and name != "backoff"):
-        what = ">= 0" if name == "backoff" else "> 0"
-        fix = " (None waits for ever)" if none else ""
-        raise InvalidArgumentError(f"Mirror {name} must be seconds {what}{fix}, got {value!r}")
+__all__ = ["Mirror", "MirrorStatus", "require_single_process"]
 
 
 @dataclass(frozen=True)
@@ -63,19 +53,18 @@ class Mirror:
     close_timeout: float | None = 300.0
 
     def __post_init__(self) -> None:
-        if self.keep is not None and not isinstance(self.keep, Retention):
-            raise InvalidArgumentError(
-                f"Mirror keep must be a retention policy such as KeepEvery(10), got {self.keep!r}"
+        """Every field is checked here, naming it: a wrong type is
+        ``InvalidArgumentTypeError``, a value out of range ``InvalidArgumentError``."""
+        require_path("Mirror target", self.target, (Storage,))
+        if self.keep is not None:
+            require_instance(
+                "Mirror keep", self.keep, Retention, "a retention policy such as KeepEvery(10)"
             )
-        for name in ("concurrency", "retries"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidArgumentError(f"Mirror {name} must be an int >= 0, got {value!r}")
-        if self.concurrency < 1:
-            raise InvalidArgumentError("Mirror concurrency must be at least 1")
-        _seconds("backoff", self.backoff)
-        _seconds("timeout", self.timeout)
-        _seconds("close_timeout", self.close_timeout, none=True)
+        require_count("Mirror concurrency", self.concurrency, minimum=1)
+        require_count("Mirror retries", self.retries)
+        require_seconds("Mirror backoff", self.backoff, zero=True)
+        require_seconds("Mirror timeout", self.timeout)
+        require_seconds("Mirror close_timeout", self.close_timeout, optional=True)
 
 
 @dataclass(frozen=True)
@@ -88,3 +77,19 @@ class MirrorStatus:
     uploading: int | None
     uploaded: int | None
     failed: dict[int, str] = field(default_factory=dict)
+
+
+def require_single_process(distributed: bool, step: int | None = None) -> None:
+    """``InvalidArgumentError`` for a mirror in a multi-process job (not supported yet):
+    at construction, or when ``step`` was saved after ``init_process_group()``."""
+    if not distributed:
+        return
+    if step is None:
+        raise InvalidArgumentError(
+            "mirror= is for single-process runs for now: in a multi-process job each "
+            "rank's files may be on its own node; save to the shared or remote storage"
+        )
+    raise InvalidArgumentError(
+        f"step {step} is saved, but mirror= is for single-process runs: "
+        "create the Checkpointer after init_process_group(), without mirror="
+    )

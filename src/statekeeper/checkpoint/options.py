@@ -7,19 +7,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from statekeeper.arguments import require_bool, require_callable
+from statekeeper.arguments import require_bool, require_callable, require_instance
 from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.marks import Mark
+from statekeeper.checkpoint.mirror import Mirror
 from statekeeper.checkpoint.origin import library_versions, origin
 from statekeeper.checkpoint.origin_level import Origin, origin_level
-from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.policies import Retention, SavePolicy
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.progress import Progress
 from statekeeper.state.optimizer import OptimizerChange
 
-__all__ = ["Provenance", "RestoreOptions", "SaveOptions"]
+__all__ = ["Provenance", "RestoreOptions", "SaveOptions", "check_checkpointer_options"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,22 @@ class RestoreOptions:
                 f"on_optimizer_change must be a statekeeper.OptimizerChange, got {self.change!r}"
             )
         require_callable("progress", self.progress, "progress(done, total)")
+
+
+_CHECKPOINTER_OPTIONS = (  # Checkpointer(name=...): what it takes, named as the fix
+    ("keep", Retention, "a retention policy such as KeepLatest(3)"),
+    ("every", SavePolicy, "a save policy such as EverySteps(100)"),
+    ("mirror", Mirror, "a statekeeper.Mirror('s3://bucket/run', ...)"),
+)
+
+
+def check_checkpointer_options(
+    keep: object, every: object, mirror: object, async_save: object, clock: object
+) -> None:
+    """``InvalidArgumentTypeError`` naming the ``Checkpointer`` argument of the wrong type
+    and what it takes."""
+    for (name, kind, what), value in zip(_CHECKPOINTER_OPTIONS, (keep, every, mirror), strict=True):
+        if value is not None:
+            require_instance(name, value, kind, what)
+    require_bool("async_save", async_save)
+    require_callable("clock", clock, "clock() -> seconds, such as time.monotonic", optional=False)

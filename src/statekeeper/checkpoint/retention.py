@@ -92,7 +92,7 @@ class Retainer:
     """Retention for one Checkpointer: never raises for what it meets (see the module
     docstring); safe to call from a background save's thread."""
 
-    def __init__(self, storage: Storage, keep: Retention) -> None:
+    def __init__(self, storage: Storage, keep: Retention | None) -> None:
         self._storage = storage
         self._keep = keep
         self._mutex = threading.Lock()
@@ -100,10 +100,13 @@ class Retainer:
         self._error: str | None = None
 
     def apply(self, step: int, protect: Iterable[int]) -> list[int]:
-        """Retention after step ``step`` was committed; the steps deleted."""
+        """Retention after step ``step`` was committed (kept, with those in ``protect``);
+        the steps deleted (none without a policy)."""
+        if self._keep is None:
+            return []
         with self._mutex:
             try:
-                doomed = _doomed(self._storage, self._keep, protect)
+                doomed = _doomed(self._storage, self._keep, {step, *protect})
             except Exception as exc:  # listing failed, a policy's own bug: the save stands
                 if str(exc) != self._error:
                     self._warn(

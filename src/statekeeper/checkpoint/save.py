@@ -36,7 +36,7 @@ from statekeeper.state.modules import unwrap
 from statekeeper.state.rng import RNGState
 from statekeeper.storage.base import Storage
 
-__all__ = ["capture", "check_state", "frozen_names", "save", "save_state"]
+__all__ = ["capture", "check_save", "check_state", "frozen_names", "save", "save_state"]
 
 OnCommit = Callable[[CheckpointInfo], None]
 
@@ -46,8 +46,15 @@ def check_state(state: object, argument: str = "state") -> None:
     require_mapping(argument, state, "names to objects, e.g. {'model': model, 'opt': opt}")
 
 
-def _check_names(state: Mapping[str, Any]) -> None:
+def check_save(step: object, state: object, metrics: object) -> None:
+    """The checks of a save's arguments, made once by each public entry point
+    (:func:`save_state` takes them as checked)."""
+    validate_step(step)
     check_state(state)
+    require_mapping("metrics", metrics, METRICS, optional=True)
+
+
+def _check_names(state: Mapping[str, Any]) -> None:
     for name in state:
         if not isinstance(name, str) or not name or name.startswith("$") or "/" in name:
             raise InvalidArgumentError(
@@ -106,11 +113,9 @@ def save_state(
        in the background (``lock`` is held until the background write ends), or written
        and committed now (under ``lock``).
 
-    ``on_commit(info)`` runs once the step is committed (retention).
+    ``on_commit(info)`` runs once the step is committed (retention). The caller checked the
+    arguments (:func:`check_save`).
     """
-    validate_step(step)
-    check_state(state)
-    require_mapping("metrics", metrics, METRICS, optional=True)
     if is_distributed(scope, state):  # every rank; rank 0 takes the lock itself
         if writer is not None:
             return collective().submit(
@@ -261,8 +266,7 @@ def save(
     environment variable, else ``Origin.REDACTED`` (secret-looking arguments redacted).
     """
     storage = resolve_storage(directory)
-    validate_step(step)
-    check_state(state)
+    check_save(step, state, metrics)
     require_bool("blocking", blocking)
     if progress is not None and not blocking:
         raise InvalidArgumentError("progress= is only for blocking single-process saves")

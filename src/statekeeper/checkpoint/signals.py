@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import signal
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, StatekeeperWarning, user_stacklevel
 
 __all__ = ["SignalWatch", "ignore_after_preemption", "signal_of"]
 
@@ -127,6 +128,16 @@ class SignalWatch:
     def installed(self) -> bool:
         """Whether every watched signal still reaches this watch (nobody replaced it)."""
         return all(signal.getsignal(s) is h for s, (h, _) in self._installed.items())
+
+    def warn_if_replaced(self) -> None:
+        """A ``StatekeeperWarning`` when another handler replaced one of the watch's."""
+        if not self.installed():
+            warnings.warn(
+                "statekeeper: another signal handler replaced the Checkpointer's for "
+                f"{', '.join(s.name for s in self.signals)}: OnSignal no longer sees them",
+                StatekeeperWarning,
+                stacklevel=user_stacklevel(),
+            )
 
     def chain(self, *, run_previous: bool = True) -> None:
         """After the pre-emption save: forget the record and run the Python handler that was

@@ -71,12 +71,15 @@ def missing(location: Location, name: str) -> StatekeeperError:
 def open_file(location: Location, manifest: Manifest, name: str) -> Buffer:
     """The file's bytes, of the size the manifest records (not yet checksummed). The size is
     checked before anything is read: no claim makes a reader take more than is there."""
-    storage, entry = location.storage, location.entry
-    try:
-        _check_size(location, manifest, name, storage.size(entry, name))
-        data = storage.read(entry, name)
-    except FileNotFoundError:
-        raise missing(location, name) from None
+    for again in (False, True):  # once more where the step was renamed meanwhile
+        storage, entry = location.storage, location.entry
+        try:
+            _check_size(location, manifest, name, storage.size(entry, name))
+            data = storage.read(entry, name)
+            break
+        except FileNotFoundError:
+            if again or not location.relocate():
+                raise missing(location, name) from None
     return _sized(location, manifest, name, data)
 
 

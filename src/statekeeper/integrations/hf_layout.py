@@ -8,8 +8,9 @@ Trainer's name is always complete, so a kill at any moment never leaves one that
 would pick. An older folder that a save replaces is swapped out in one
 ``renameat2(RENAME_EXCHANGE)`` where the file system has it, else first renamed aside
 (``.replaced-<id>``: a kill before the new folder is renamed in leaves step N only there,
-and the next save puts it back); one that retention deletes is renamed (``.removing-<id>``)
-before its files go. Leftovers of an interrupted save are removed by the next one.
+and the next ``train()`` puts it back before it resolves ``resume_from_checkpoint``); one
+that retention deletes is renamed (``.removing-<id>``) before its files go. Leftovers of an
+interrupted save are removed by the next one.
 
 This module knows nothing of the Trainer: ``integrations.transformers`` drives it.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "commit",
     "file_checksums",
     "flush",
+    "put_back",
     "remove_leftovers",
     "rotate",
     "safe_removal",
@@ -157,12 +159,21 @@ def checkpoints(run_dir: str | os.PathLike[str]) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def put_back(run_dir: str | os.PathLike[str]) -> list[str]:
+    """Rename each folder an interrupted overwrite set aside (``checkpoint-N.replaced-<id>``
+    where no ``checkpoint-N`` exists: that step's committed copy) back to its name, with the
+    run directory's own recovery (:func:`statekeeper.storage.commit.recover`); the names
+    restored. Before the Trainer looks for the newest ``checkpoint-N`` (by name only), and
+    before each save's clean-up."""
+    root = Path(run_dir)
+    return recover(root) if root.is_dir() else []
+
+
 def remove_leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Delete what interrupted saves and deletions left in ``run_dir``; returns it. A folder
     an interrupted overwrite set aside, whose step has no other folder, is put back first."""
     root = Path(run_dir)
-    if root.is_dir():  # each X.replaced-<id> whose X is gone is X's committed copy
-        recover(root)
+    put_back(root)
     gone = [e for e in root.iterdir() if _LEFTOVER.match(e.name)] if root.is_dir() else []
     for entry in gone:
         shutil.rmtree(entry, ignore_errors=True)

@@ -304,11 +304,16 @@ class StatekeeperTrainerMixin:
         """``Trainer.train``; the folders the Trainer itself deletes at the end of a run
         (``save_total_limit=1`` with a best model) are renamed aside before their files go,
         so a kill then never leaves a half-deleted ``checkpoint-N`` for a resume to pick.
-        ``resume_from_checkpoint=True`` with no ``checkpoint-N`` yet starts from scratch."""
+        ``resume_from_checkpoint=True`` with no ``checkpoint-N`` yet starts from scratch.
+        First (main process; the others wait) a ``checkpoint-N`` that an overwrite killed
+        between its two renames left set aside is put back, so the resume finds it."""
         import transformers.trainer as trainer_module
 
         resume = args[0] if args else kwargs.get("resume_from_checkpoint")
         t: Any = self
+        if t.args.should_save:  # a checkpoint-N an overwrite set aside: back, before the
+            hf_layout.put_back(t.args.output_dir)  # Trainer's get_last_checkpoint looks
+        hf_parts.barrier(t)  # every rank resolves the resume after the main process did
         if resume is True and not hf_layout.checkpoints(t.args.output_dir):
             _log.info(
                 "statekeeper: no checkpoint-N in %s to resume from: training from scratch",

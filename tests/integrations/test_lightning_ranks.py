@@ -25,3 +25,24 @@ def test_a_one_rank_list_resumed_by_one_process_is_its_own() -> None:
     checkpoint = {"rng": {"torch": "other"}, "statekeeper_ranks": [{"rng": rng, "loaders": None}]}
     pick(checkpoint, "rng")
     assert checkpoint["rng"] == rng
+
+
+def test_no_rank_zero_warning_for_worker_rng_in_a_multi_process_run() -> None:
+    """Each rank's WorkerRNGDataset state is saved and restored (``pick``): a DDP fit must
+    not be told that every rank resumes rank 0's."""
+    import warnings
+    from types import SimpleNamespace
+
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from statekeeper.integrations.lightning_warn import warn_inexact
+
+    data = sk.WorkerRNGDataset(torch.utils.data.TensorDataset(torch.arange(8.0)))
+    loader = StatefulDataLoader(data, batch_size=2, num_workers=2)
+    combined = SimpleNamespace(flattened=[loader])
+    trainer = SimpleNamespace(world_size=2, fit_loop=SimpleNamespace(_combined_loader=combined))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_inexact(trainer)
+    assert [str(w.message) for w in caught] == []

@@ -36,7 +36,6 @@ from statekeeper.errors import (
     MirrorError,
     StatekeeperWarning,
     StepNotFoundError,
-    StorageError,
     user_stacklevel,
 )
 from statekeeper.state.optimizer import OptimizerChange
@@ -61,7 +60,7 @@ def _mirror_steps(
         bound = (mirror.retries + 2) * mirror.timeout + mirror.backoff * 2**mirror.retries
     try:
         return within(bound, lambda: [p.step for p in committed(remote)], f"listing {where}")
-    except StorageError as exc:
+    except OSError as exc:  # a store's StorageError, or a local disk's own (a mount gone)
         if local_steps:
             _warn(
                 f"cannot list the mirror {where} within {bound:g} s ({exc}); resuming from "
@@ -95,7 +94,7 @@ def _download(
             last = exc
             if attempt < mirror.retries:
                 time.sleep(mirror.backoff * 2**attempt)
-        except StorageError as exc:  # each request was retried already
+        except OSError as exc:  # each request was retried already (StorageError, a disk's)
             raise MirrorError(
                 f"step {step}, the newest step of the run, is on the mirror "
                 f"{remote.describe()} but could not be downloaded ({exc}); an older step is "

@@ -68,6 +68,7 @@ class Uploader:
         self.remote = remote
         self.reader = Retrying(remote, Transfer(1, mirror.retries, mirror.backoff))
         self.journal = Journal(local, remote.describe())
+        self._journal_lock = threading.Lock()
         self._reset()
         self._resume()
         _uploaders.add(self)
@@ -107,8 +108,11 @@ class Uploader:
         self._queue.extend(sorted(waiting & present))
 
     def _record(self) -> None:
-        """The journal follows what is waiting (called without the condition held)."""
-        self.journal.write(self.pending())
+        """The journal follows what is waiting (called without the condition held). The
+        set is taken and written under one lock: a writer that saw an older set (the
+        thread, before a save queued a step) never writes it over a newer one."""
+        with self._journal_lock:
+            self.journal.write(self.pending())
 
     def _start(self) -> None:
         """Start the thread when there is work and none runs (the condition is held)."""

@@ -47,9 +47,12 @@ def pick(checkpoint: dict[str, Any], rng_key: str) -> None:
     """On every rank, before Lightning loads ``checkpoint``: this rank's RNG and loader
     states in place of rank 0's."""
     ranks = checkpoint.pop(_RANKS, None)
-    if not isinstance(ranks, list) or not _distributed():
+    if not isinstance(ranks, list):
         return
-    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    if _distributed():
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    else:  # one process: rank 0's states were saved for another number of ranks' samplers
+        world, rank = 1, 0
     if len(ranks) != world:
         raise LoadStateError(
             f"the checkpoint holds the RNG and data-loader states of {len(ranks)} ranks, the "

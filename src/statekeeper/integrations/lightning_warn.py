@@ -7,9 +7,8 @@ Checked on the training loaders once Lightning has made them (``on_train_start``
   numbers its ``__getitem__`` draws (augmentation) are not saved, so a run resumed
   mid-epoch augments the same samples otherwise (a resume from an epoch's end is exact:
   the workers are seeded anew, as in the saving run). The fix is one line:
-  ``StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)``;
-- in a multi-process run, such per-worker state (and the process RNG) is saved from rank 0
-  alone, as Lightning saves one checkpoint: every rank resumes rank 0's;
+  ``StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)`` (in a multi-process
+  run each rank's own is saved and restored: :mod:`.lightning_ranks`);
 - in a multi-process run, a shuffling ``StatefulDataLoader`` that Lightning wraps in its
   ``DistributedSamplerWrapper``, which draws each epoch's order from the global RNG as the
   iterator is made: a run resumed mid-epoch draws another order. The fix:
@@ -69,13 +68,6 @@ def warn_inexact(trainer: Any) -> None:
                 "saved, and a run resumed mid-epoch augments the same samples otherwise. If "
                 "the dataset draws random numbers, wrap it: "
                 "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)"
-            )
-        elif workers and ranks > 1:
-            _warn(
-                f"in a {ranks}-process run Lightning keeps rank 0's checkpoint alone: every "
-                "rank resumes rank 0's loader workers' random state (WorkerRNGDataset), so "
-                "ranks that augment apart resume inexactly mid-epoch; resume from an "
-                "epoch's end (ModelCheckpoint's default), which is exact"
             )
         if ranks > 1 and _shuffling_wrapper(loader):
             _warn(

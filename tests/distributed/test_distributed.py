@@ -314,7 +314,7 @@ def test_a_loop_without_wait_keeps_the_ranks_saves_in_step(tmp_path: Path) -> No
         assert r["found"] == {"1": 1, "4": 4, "5": 5}
 
 
-def test_two_background_writers_and_a_retention_failure_on_one_rank(tmp_path: Path) -> None:
+def test_two_background_writers_and_a_failure_after_the_commit_on_one_rank(tmp_path: Path) -> None:
     run, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     assert launch("async_writers", 2, run, out) == [0, 0]

@@ -337,8 +337,9 @@ def async_no_wait(rank: int, world: int, run: Path, out: Path) -> None:
 
 def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
     """Two background writers of one job at once (a Checkpointer with retention and a one-off
-    save into another directory), then a retention failure on rank 0 only: every rank learns
-    it, and the job goes on."""
+    save into another directory), then a failure after the commit on rank 0 only (in the
+    step's on-commit work; retention itself only warns): every rank learns it, and the job
+    goes on."""
     model = fsdp_model(world, seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     state = app_state(model, opt, {"step": 0}, None)
@@ -350,19 +351,19 @@ def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
             sk.save(run / "b", state, step=step, blocking=False)  # in flight together
         ckpt.wait()
         sk.save(run / "b", state, step=3, blocking=False).wait()
-        real = ckpt._retain
+        real = ckpt._retention
         if rank == 0:
 
-            def broken(newest: int) -> None:
-                raise OSError(5, "retention failed (injected)")
+            def broken(info: object) -> None:
+                raise OSError(5, "on-commit work failed (injected)")
 
-            ckpt._retain = broken  # type: ignore[method-assign]
+            ckpt._retention = broken  # type: ignore[method-assign]
         ckpt.save(3, state)
         try:
             ckpt.wait()
         except Exception as exc:
             errors.append(type(exc).__name__)
-        ckpt._retain = real  # type: ignore[method-assign]
+        ckpt._retention = real  # type: ignore[method-assign]
         ckpt.save(4, state).wait()  # the job goes on: no collective was left unmatched
     steps = {d: [c.step for c in sk.list_checkpoints(run / d)] for d in ("a", "b")}
     report(out, "async_writers", rank, {"steps": steps, "errors": errors})

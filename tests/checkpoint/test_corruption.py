@@ -412,7 +412,7 @@ def test_tensor_record_deleted(tmp_path: Path, pristine: dict[str, bytes]) -> No
 
 def test_tensor_record_with_wrong_shape(tmp_path: Path, pristine: dict[str, bytes]) -> None:
     tensors = dict(Manifest.from_bytes(MANIFEST, pristine[MANIFEST]).tensors)
-    tensors["model/weight"] = dataclasses.replace(tensors["model/weight"], shape=(64,))
+    tensors["model/weight"] = tensors["model/weight"]._replace(shape=(64,))
     run = _write_run(
         tmp_path, {**pristine, MANIFEST: _resigned_manifest(pristine, tensors=tensors)}
     )

@@ -67,7 +67,7 @@ def test_verify_decodes_shards_against_the_manifest(
     path = step_dir(run_dir, 1) / "manifest.json"
     manifest = Manifest.from_bytes(str(path), path.read_bytes())
     record = manifest.tensors["model/proj.bias"]
-    tensors = {**manifest.tensors, "model/proj.bias": dataclasses.replace(record, dtype="int32")}
+    tensors = {**manifest.tensors, "model/proj.bias": record._replace(dtype="int32")}
     path.write_bytes(dataclasses.replace(manifest, tensors=tensors).to_bytes())
     result = invoke("verify", step_dir(run_dir, 1), "--json")
     assert result.exit_code == 1

@@ -17,21 +17,20 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from statekeeper.arguments import require_bool, require_callable
+from statekeeper.averaging.plan import Input, mismatches, plan_inputs
 from statekeeper.averaging.shards import Shards, file_of
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import Location, locate, validate_step
-from statekeeper.checkpoint.reader import alias_tensor, read_manifest
+from statekeeper.checkpoint.location import validate_step
+from statekeeper.checkpoint.reader import alias_tensor
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, KeyMismatchError
-from statekeeper.format.aliases import Alias
 from statekeeper.format.dtypes import dtype_from_name
-from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.format.values import Json
+from statekeeper.format.manifest import MANIFEST
 from statekeeper.progress import Progress
 from statekeeper.state.tree import unflatten
 
@@ -68,108 +67,11 @@ def _raw_weights(weights: Sequence[float], count: int) -> list[float]:
     return out
 
 
-@dataclass(frozen=True)
-class _Sig:
-    """What must agree across inputs for one tensor name."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    alias: Alias | None
-
-
-@dataclass(frozen=True)
-class _Input:
-    location: Location
-    manifest: Manifest
-    found: bool  # whether the state holds the entry ``key`` (always True without a key)
-    skeleton: Json  # the state, or the entry ``key`` of it
-    sigs: dict[str, _Sig]  # every tensor in scope: referenced ones and the bases of aliases
-
-
-_REF_TAGS = ("$tensor", "$ndarray")
-
-
-def _references(skeleton: Json) -> list[str]:
-    """The tensor names ``skeleton`` refers to: one walk over its containers, no value built
-    (the newest input's skeleton is decoded, and checked, when the result is rebuilt)."""
-    refs: list[str] = []
-    stack = [skeleton]
-    while stack:
-        item = stack.pop()
-        if type(item) is dict:
-            if len(item) == 1:
-                ((tag, body),) = item.items()
-                if tag in _REF_TAGS and type(body) is str:
-                    refs.append(body)
-                    continue
-            stack.extend(item.values())
-        elif type(item) is list:
-            stack.extend(item)
-    return refs
-
-
-def _signatures(manifest: Manifest, skeleton: Json, where: str) -> dict[str, _Sig]:
-    refs = _references(skeleton)
-    sigs: dict[str, _Sig] = {}
-    for name in refs:
-        sharded = manifest.sharding.tensors.get(name) if manifest.sharding else None
-        if sharded is not None:  # a multi-process step: assembled from its chunks on read
-            sigs[name] = _Sig(sharded.dtype, sharded.shape, None)
-            continue
-        alias = manifest.aliases.get(name)
-        base = alias.base if alias is not None else name
-        record = manifest.tensors.get(base)
-        if record is None:
-            raise CorruptCheckpointError(where, f"state refers to unknown tensor {name!r}")
-        sigs[base] = _Sig(record.dtype, record.shape, None)
-        if alias is not None:
-            sigs[name] = _Sig(record.dtype, alias.shape, alias)
-    return sigs
-
-
-def _plan(paths: Sequence[str | os.PathLike[str]], key: str | None) -> list[_Input]:
-    inputs: list[_Input] = []
-    for path in paths:
-        location = locate(path, None)
-        manifest = read_manifest(location)
-        where = location.path(MANIFEST)
-        if location.step >= 0 and manifest.step != location.step:
-            raise CorruptCheckpointError(
-                where, f"manifest is for step {manifest.step}, not {location.step}"
-            )
-        if not isinstance(manifest.state, dict):
-            raise CorruptCheckpointError(where, "state is not a mapping")
-        found = key is None or key in manifest.state
-        skeleton = manifest.state if key is None else manifest.state.get(key)
-        sigs = _signatures(manifest, skeleton, where) if found else {}
-        inputs.append(_Input(location, manifest, found, skeleton, sigs))
-    return inputs
-
-
-def _mismatches(inputs: list[_Input], ref: _Input, key: str | None) -> list[str]:
-    problems: list[str] = []
-    ref_path = ref.location.path()
-    for inp in inputs:
-        path = inp.location.path()
-        if not inp.found:
-            held = ", ".join(map(str, inp.manifest.state)) or "nothing"
-            problems.append(f"{key}: no such entry in {path} (it holds: {held})")
-            continue
-        if inp is ref:
-            continue
-        for name in sorted(ref.sigs.keys() | inp.sigs.keys()):
-            a, b = ref.sigs.get(name), inp.sigs.get(name)
-            if a is None:
-                problems.append(f"{name}: in {path} but not in {ref_path}")
-            elif b is None:
-                problems.append(f"{name}: in {ref_path} but missing from {path}")
-            elif a.shape != b.shape:
-                problems.append(f"{name}: shape {b.shape} in {path}, {a.shape} in {ref_path}")
-            elif a.dtype != b.dtype:
-                problems.append(f"{name}: dtype {b.dtype} in {path}, {a.dtype} in {ref_path}")
-            elif a.alias != b.alias:
-                problems.append(f"{name}: shares memory differently in {path} and {ref_path}")
-    return problems
+def _dtype(ref: Input, name: str, text: str) -> torch.dtype:
+    try:
+        return dtype_from_name(text)
+    except ValueError:
+        raise CorruptCheckpointError(ref.location.path(MANIFEST), f"{name!r}: bad dtype") from None
 
 
 def _average(name: str, dtype: torch.dtype, shards: list[Shards], raw: list[float]) -> torch.Tensor:
@@ -222,13 +124,28 @@ def average_checkpoints(
     raw = [1.0] * len(paths) if weights is None else _raw_weights(weights, len(paths))
     if step is not None:
         validate_step(step)
-    inputs = _plan(paths, key)
+    state, chosen = _averaged_state(paths, raw, key, progress)
+    # the inputs' manifests are released: the save's peak memory is the result's alone
+    # a new set of tensors: nothing of an earlier step to reuse, no marks worth keeping
+    return save(
+        out, state, step=chosen if step is None else step, overwrite=overwrite,
+        incremental=Incremental.WRITE_ALL,
+    )  # fmt: skip
+
+
+def _averaged_state(
+    paths: Sequence[str | os.PathLike[str]],
+    raw: list[float],
+    key: str | None,
+    progress: Progress | None,
+) -> tuple[dict[str, object], int]:
+    """The averaged state and the newest input's step."""
+    inputs, newest = plan_inputs(paths, key)
     if not any(inp.found for inp in inputs):
         held = ", ".join(map(str, inputs[-1].manifest.state)) or "nothing"
         raise InvalidArgumentError(f"no checkpoint holds the entry {key!r} (entries: {held})")
-    newest = max(range(len(inputs)), key=lambda i: (inputs[i].manifest.step, i))
     ref = inputs[newest]
-    problems = _mismatches(inputs, ref, key)
+    problems = mismatches(inputs, ref, key)
     if problems:
         raise KeyMismatchError(problems, _HINT)
     stored = sorted(
@@ -239,15 +156,14 @@ def average_checkpoints(
         progress(0, len(stored))
     averaged: dict[str, torch.Tensor] = {}
     shards = [Shards(inp.location, inp.manifest) for inp in inputs]
+    dtypes: dict[str, torch.dtype] = {}
     try:
         for done, name in enumerate(stored, 1):
-            try:
-                dtype = dtype_from_name(ref.sigs[name].dtype)
-            except ValueError:
-                raise CorruptCheckpointError(
-                    ref.location.path(MANIFEST), f"{name!r}: bad dtype"
-                ) from None
-            shape = ref.sigs[name].shape
+            sig = ref.sigs[name]
+            dtype = dtypes.get(sig.dtype) or dtypes.setdefault(
+                sig.dtype, _dtype(ref, name, sig.dtype)
+            )
+            shape = sig.shape
             if math.prod(shape) == 0:  # no element to average or copy: nothing is read
                 averaged[name] = torch.empty(shape, dtype=dtype)
             elif dtype.is_floating_point or dtype.is_complex:
@@ -268,6 +184,4 @@ def average_checkpoints(
     except ValueError as exc:
         where = ref.location.path(MANIFEST)
         raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
-    result = state if key is None else {key: state}
-    chosen = ref.manifest.step if step is None else step
-    return save(out, result, step=chosen, overwrite=overwrite)
+    return (state if key is None else {key: state}), ref.manifest.step

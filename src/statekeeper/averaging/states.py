@@ -91,7 +91,7 @@ def average_states(
         if ref is None:
             ref, first = sig, where
         else:
-            problems = _mismatches(ref, sig, first, where)
+            problems = [] if sig == ref else _mismatches(ref, sig, first, where)
             if problems:
                 raise KeyMismatchError(problems, _HINT)
         for name, tensor in flat.tensors.items():
@@ -101,7 +101,8 @@ def average_states(
                 wide = torch.complex128 if tensor.dtype.is_complex else torch.float64
                 term = tensor.to(wide) * weight
                 sums[name] = term if name not in sums else sums[name].add_(term)
-        last = flat
+        last = flat if count == len(weights) else None
+        del state, flat  # one input at a time: dropped before the next one is read
         if progress is not None:
             progress(count, len(weights))
     if last is None:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Literal, overload
 
 from statekeeper.arguments import require_bool, require_mapping
-from statekeeper.checkpoint.adapters import Capturing, Kind, adapter_for
+from statekeeper.checkpoint.adapters import Adapter, Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.gc_pause import collector_paused
@@ -63,11 +63,16 @@ def _check_names(state: Mapping[str, Any]) -> None:
             )
 
 
-def capture(state: Mapping[str, Any]) -> dict[str, Any]:
+Adapters = dict[str, Adapter]
+
+
+def capture(state: Mapping[str, Any], adapters: Adapters | None = None) -> dict[str, Any]:
     """Each entry's plain state, through its adapter (a Stateful object's ``state_dict()``,
-    an optimizer's keyed by parameter name, a plain value itself)."""
+    an optimizer's keyed by parameter name, a plain value itself); ``adapters`` are the
+    entries' adapters when the caller looked them up already."""
     _check_names(state)
-    adapters = {name: adapter_for(obj) for name, obj in state.items()}
+    if adapters is None:
+        adapters = {name: adapter_for(obj) for name, obj in state.items()}
     owned = {id(g) for name, obj in state.items() for g in adapters[name].generators(obj)}
     for obj in state.values():
         if isinstance(obj, RNGState) and any(id(g) in owned for g in obj.generators.values()):
@@ -83,11 +88,12 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
     return {name: captured[name] for name in state}
 
 
-def frozen_names(state: Mapping[str, Any]) -> frozenset[str]:
+def frozen_names(state: Mapping[str, Any], adapters: Adapters | None = None) -> frozenset[str]:
     """Tensor names of parameters that do not require grad (stored in shards of their own)."""
     names: set[str] = set()
     for name, obj in state.items():
-        if adapter_for(obj).kind is Kind.MODULE:
+        adapter = adapters[name] if adapters is not None else adapter_for(obj)
+        if adapter.kind is Kind.MODULE:
             params = unwrap(obj).named_parameters()
             names.update(f"{name}/{p}" for p, param in params if not param.requires_grad)
     return frozenset(names)
@@ -129,15 +135,17 @@ def save_state(
             )
         info = collective().save(storage, state, step=step, metrics=metrics, options=options)
     else:
-        options = replace(options, frozen=frozen_names(state))
+        # looked up once per entry (a state may have 500,000 top-level tensors)
+        adapters = {name: adapter_for(obj) for name, obj in state.items()}
+        options = replace(options, frozen=frozen_names(state, adapters))
         if writer is not None:
-            prepared = writer.prepare(capture(state), metrics)  # plan cache: less stall
+            prepared = writer.prepare(capture(state, adapters), metrics)  # less stall
             options = _grouped(storage, prepared, options)
             return writer.submit(
                 storage, prepared, step=step, options=options, lock=lock, on_commit=on_commit
             )
         with lock or nullcontext(), collector_paused():
-            prepared = prepare(capture(state), metrics)
+            prepared = prepare(capture(state, adapters), metrics)
             options = _grouped(storage, prepared, options)
             info = commit(storage, prepared, step=step, options=options)
     if on_commit is not None:

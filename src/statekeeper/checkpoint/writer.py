@@ -193,6 +193,7 @@ def commit(
     entry = step_entry(step)
     files: dict[str, FileRecord] = {}
     tensors: dict[str, TensorRecord] = {}
+    names: dict[torch.dtype, str] = {}  # dtype names, looked up once per dtype
     planned = [
         (shard.file, members, layout(members))
         for shard in plan_shards(
@@ -229,7 +230,8 @@ def commit(
                 count(lay.size)
             files[file] = record
             for n, t in members.items():
-                tensors[n] = TensorRecord(file, dtype_name(t.dtype), tuple(t.shape))
+                dtype = names.get(t.dtype) or names.setdefault(t.dtype, dtype_name(t.dtype))
+                tensors[n] = TensorRecord(file, dtype, tuple(t.shape))
         provenance = options.provenance_now()
         manifest = Manifest(
             step=step,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 import click
+import torch
 
 from statekeeper.averaging.offline import average_checkpoints, normalize_weights
 from statekeeper.averaging.states import average_states
+from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.save import save
@@ -14,7 +19,6 @@ from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.reading import read
 from statekeeper.progress import Progress
-from statekeeper.state.tree import flatten
 
 __all__ = ["average", "parse_weights"]
 
@@ -33,11 +37,38 @@ def _average_foreign(
     step and how many tensors it holds (tied ones once)."""
     weights = [1.0] * len(ckpts) if raw is None else raw
     steps = [locate(c, None).step for c in ckpts if foreign_format(c) is None]
-    states = ((c, read(c)) for c in ckpts)
+    states = _read_each(ckpts)
     result = average_states(states, weights, key=key, progress=progress)
     chosen = step if step is not None else max([s for s in steps if s >= 0], default=0)
-    tensors = len({id(t) for t in flatten(result).tensors.values()})
-    return save(out, result, step=chosen, overwrite=overwrite), tensors
+    tensors = _distinct_tensors(result)
+    info = save(out, result, step=chosen, overwrite=overwrite, incremental=Incremental.WRITE_ALL)
+    return info, tensors  # WRITE_ALL: a new set of tensors, as average_checkpoints saves it
+
+
+def _read_each(ckpts: tuple[str, ...]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each input read in turn; one named again right after itself is not read again (its
+    state is handed over twice: the same sum, one read)."""
+    for i, ckpt in enumerate(ckpts):
+        if i == 0 or ckpts[i - 1] != ckpt:
+            state = read(ckpt)
+        yield ckpt, state
+        if i + 1 < len(ckpts) and ckpts[i + 1] != ckpt:
+            del state  # dropped before the next input is read
+
+
+def _distinct_tensors(state: object) -> int:
+    """How many tensor objects ``state`` holds (tied ones once): a walk, nothing encoded."""
+    seen: set[int] = set()
+    stack = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            seen.add(id(item))
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return len(seen)
 
 
 def parse_weights(text: str | None) -> list[float] | None:

@@ -45,9 +45,10 @@ UNRESUMABLE_SAMPLERS = (
 
 
 def is_stateful_dataloader(obj: object) -> bool:
-    return all(
-        hasattr(obj, a)
-        for a in ("next_iter_state", "_get_iterator", "_initial_iter_for_state_dict")
+    return (  # one hasattr, no generator, for the objects that are not (every entry saved)
+        hasattr(obj, "next_iter_state")
+        and hasattr(obj, "_get_iterator")
+        and hasattr(obj, "_initial_iter_for_state_dict")
     )
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import statekeeper as sk
 import statekeeper.checkpoint.verifier as verifier
 import statekeeper.checkpoint.writer as writer
-import statekeeper.storage.local as local
+import statekeeper.storage.durable as durable
 from statekeeper.format.manifest import TensorRecord, _compact, _tensor_lines
 from statekeeper.format.safetensors_io import layout, parse, stream
 
@@ -33,7 +33,7 @@ def _state() -> dict[str, torch.Tensor]:
 def fast_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(writer, "HASH_IN_THREAD_FROM", 0)
     monkeypatch.setattr(verifier, "THREAD_FROM", 0)
-    monkeypatch.setattr(local, "WRITEBACK_EVERY", 1)
+    monkeypatch.setattr(durable, "WRITEBACK_EVERY", 1)
 
 
 def _save(path: Path, step: int = 1) -> None:
@@ -43,7 +43,7 @@ def _save(path: Path, step: int = 1) -> None:
 def test_fast_paths_write_the_same_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _save(tmp_path / "plain")
     monkeypatch.setattr(writer, "HASH_IN_THREAD_FROM", 0)
-    monkeypatch.setattr(local, "WRITEBACK_EVERY", 1)
+    monkeypatch.setattr(durable, "WRITEBACK_EVERY", 1)
     _save(tmp_path / "fast")
     plain, fast = tmp_path / "plain" / "step_000000001", tmp_path / "fast" / "step_000000001"
     shards = sorted(p.name for p in plain.glob("*.safetensors"))

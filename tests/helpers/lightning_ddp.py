@@ -9,12 +9,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
+from tests.helpers.lightning_pkg import check_alone, trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGHTNING)
+ModelCheckpoint = pl.callbacks.ModelCheckpoint
 
 
 class Tiny(pl.LightningModule):
@@ -39,6 +41,7 @@ def main() -> None:
         callbacks=[StatekeeperCallback(), saves], plugins=[StatekeeperCheckpointIO()],
     )  # fmt: skip
     trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+    check_alone()
     print(f"done {trainer.global_rank}", flush=True)
 
 

@@ -134,6 +134,33 @@ def test_a_ddp_run_saves_from_rank_zero_alone(tmp_path: Path, lightning: ModuleT
     assert "statekeeper_optimizer_states" in sk.read(last)
 
 
+def _ddp(where: Path, *more: str) -> str:
+    args = [sys.executable, "-m", "tests.helpers.lightning_ddp", str(where), *more]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.xdist_group("gloo")
+def test_a_one_process_checkpoint_resumed_by_two_gloo_ranks_says_what_they_share(
+    tmp_path: Path, lightning: ModuleType
+) -> None:
+    """A legitimate scale-up (saved by 1 process, resumed under DDP by 2): not refused, and
+    never silent: rank 0 warns (SharedRankStateWarning) that every rank resumes the one
+    process's RNG and loader state, with the fix. Saved and resumed by 2: no such warning."""
+    _ddp(tmp_path / "one", "1", "4")
+    assert [i.step for i in sk.list_checkpoints(tmp_path / "one" / "last.ckpt")] == [4]
+    out = _ddp(tmp_path / "one", "2", "8", "resume")
+    assert "done 0" in out and "done 1" in out
+    assert out.count("warned SharedRankStateWarning:") == 1, out  # rank 0's (lines interleave)
+    warned = out[out.index("warned SharedRankStateWarning:") :]
+    assert "saved by 1 process and is resumed by 2" in warned
+    assert "RNG state" in warned and "reseed per rank" in warned
+    _ddp(tmp_path / "two", "2", "4")
+    out = _ddp(tmp_path / "two", "2", "8", "resume")  # each rank's own: nothing shared
+    assert "done 0" in out and "warned Shared" not in out
+
+
 @pytest.mark.parametrize(("every", "kill"), [(3, 13), (4, 17)])  # mid-epoch; at its end
 def test_a_killed_fabric_run_resumes_bitwise_by_parameter_name(
     tmp_path: Path, lightning: ModuleType, every: int, kill: int

@@ -47,7 +47,7 @@ from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
 from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
 from statekeeper.integrations.lightning_load import load_from_checkpoint
-from statekeeper.integrations.lightning_ranks import gather, pick
+from statekeeper.integrations.lightning_ranks import SharedRankStateWarning, gather, pick
 from statekeeper.integrations.lightning_roots import ByPackage, imported
 from statekeeper.integrations.lightning_warn import warn_inexact
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
@@ -56,6 +56,7 @@ from statekeeper.state.rng import RNGState
 __all__ = [
     "LoaderState",
     "NamedOptimizer",
+    "SharedRankStateWarning",
     "StatekeeperCallback",
     "StatekeeperCheckpointIO",
     "StatekeeperModelParallelStrategy",

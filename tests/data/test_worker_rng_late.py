@@ -13,7 +13,12 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import statekeeper as sk
-from statekeeper.data.worker_rng import carries_worker_rng, carry_worker_rng, workers_without_rng
+from statekeeper.data.worker_rng import (
+    carries_worker_rng,
+    carry_worker_rng,
+    warn_late,
+    workers_without_rng,
+)
 
 
 class Augmented(torch.utils.data.Dataset[torch.Tensor]):
@@ -40,15 +45,22 @@ def _epoch(it: object) -> None:
 
 @pytest.mark.parametrize("persistent", [True, False])
 def test_a_hook_installed_after_the_workers_started_carries_nothing_and_says_so(
-    persistent: bool,
+    tmp_path: Path, persistent: bool
 ) -> None:
+    """The hook came after the workers started: not reported as carrying (before: True, for
+    a state whose worker snapshots hold no RNG, so the save said nothing), and the save
+    warns; once a new iterator started the workers with it (the next epoch, without
+    persistent workers) it carries, and the snapshots hold the RNG."""
     loader = _loader(persistent)
     it = iter(loader)
     next(it)  # the workers run, started without the hook
-    with pytest.warns(sk.StatekeeperWarning, match="after its workers had started"):
-        carry_worker_rng(loader)
-    assert not carries_worker_rng(loader)  # before: True, for a state that holds no RNG
+    assert carry_worker_rng(loader) is False
+    assert not carries_worker_rng(loader)
     assert workers_without_rng(loader.state_dict()) == ["worker_0", "worker_1"]
+    with pytest.warns(sk.StatekeeperWarning, match="workers draw in __getitem__.*not saved"):
+        sk.save(tmp_path / "run", {"loader": loader}, step=1)
+    with pytest.warns(sk.StatekeeperWarning, match="after its workers had started"):
+        warn_late(loader, "Hand it over first")
     _epoch(it)
     _epoch(iter(loader))  # the next epoch: a new iterator (non-persistent), the same (persistent)
     state = loader.state_dict()
@@ -62,7 +74,7 @@ def test_a_hook_installed_before_the_first_iterator_carries_without_a_warning() 
     loader = _loader(persistent=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sk.StatekeeperWarning)
-        carry_worker_rng(loader)
+        assert carry_worker_rng(loader) is True
     it = iter(loader)
     next(it)
     assert carries_worker_rng(loader) and workers_without_rng(loader.state_dict()) == []

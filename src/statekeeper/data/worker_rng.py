@@ -38,7 +38,13 @@ import torch
 from statekeeper.errors import StatekeeperWarning, user_stacklevel
 from statekeeper.stateful import is_stateful
 
-__all__ = ["WorkerRNGDataset", "carry_worker_rng", "carries_worker_rng", "workers_without_rng"]
+__all__ = [
+    "WorkerRNGDataset",
+    "carries_worker_rng",
+    "carry_worker_rng",
+    "warn_late",
+    "workers_without_rng",
+]
 
 T = TypeVar("T")
 
@@ -109,15 +115,16 @@ class _CarryRNG:
             return
 
 
-def carry_worker_rng(loader: Any) -> None:
+def carry_worker_rng(loader: Any) -> bool:
     """Have the workers of the torchdata ``StatefulDataLoader`` ``loader`` save their random
-    state with their snapshots and restore it on resume (see the module docstring). Call
-    it before the loader's first ``iter``: workers already running are not changed (a
-    ``StatekeeperWarning`` says so, and :func:`carries_worker_rng` is False while that
-    iterator is the loader's: with ``persistent_workers``, for good). Does nothing for a
+    state with their snapshots and restore it on resume (see the module docstring); whether
+    it came in time. Call it before the loader's first ``iter``: workers already running
+    are not changed, and :func:`carries_worker_rng` is False while their iterator is the
+    loader's (with ``persistent_workers``, for good): the caller warns then
+    (:func:`warn_late`, or its own save-time check of the snapshots). Does nothing for a
     loader without workers, or one whose dataset is ``Stateful`` already."""
     if isinstance(loader.worker_init_fn, _CarryRNG):
-        return
+        return True
     hook = _CarryRNG(loader.worker_init_fn)
     loader.worker_init_fn = hook
     if getattr(loader, "_initial_iter_for_state_dict", False):
@@ -127,20 +134,24 @@ def carry_worker_rng(loader: Any) -> None:
         loader._initial_iter_for_state_dict = False
         loader._iterator = None
     running = getattr(loader, "_iterator", None)
-    if running is not None and int(getattr(loader, "num_workers", 0) or 0) > 0:
-        hook.late = weakref.ref(running)  # its workers started without the hook
-        until = (
-            "never: persistent_workers keeps them" if loader.persistent_workers else "next epoch"
-        )
-        warnings.warn(
-            "statekeeper: the worker random state of a StatefulDataLoader was asked to be "
-            "saved after its workers had started (its iterator was made): their draws are not "
-            f"saved until the loader makes a new iterator ({until}). Wrap the dataset instead "
-            "(StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)), or hand the "
-            "loader to the integration before iterating it",
-            StatekeeperWarning,
-            stacklevel=user_stacklevel(),
-        )
+    if running is None or not int(getattr(loader, "num_workers", 0) or 0):
+        return True
+    hook.late = weakref.ref(running)  # its workers started without the hook
+    return False
+
+
+def warn_late(loader: Any, fix: str) -> None:
+    """Say that :func:`carry_worker_rng` came after ``loader``'s workers had started;
+    ``fix`` is the caller's way to hand the loader over in time."""
+    until = "never: persistent_workers keeps them" if loader.persistent_workers else "next epoch"
+    warnings.warn(
+        "statekeeper: the worker random state of a StatefulDataLoader was asked to be saved "
+        "after its workers had started (its iterator was made): their draws are not saved "
+        f"until the loader makes a new iterator ({until}). {fix}, or wrap the dataset: "
+        "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)",
+        StatekeeperWarning,
+        stacklevel=user_stacklevel(),
+    )
 
 
 def carries_worker_rng(loader: Any) -> bool:

@@ -17,13 +17,15 @@ import signal
 import sys
 
 import torch
-from lightning_fabric import Fabric
 from safetensors.torch import save_file
+from tests.helpers.lightning_pkg import check_alone, fabric
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import statekeeper as sk
 from statekeeper.integrations.lightning import LoaderState, NamedOptimizer, StatekeeperCheckpointIO
+
+Fabric = fabric().Fabric  # lightning_fabric or lightning.fabric ($STATEKEEPER_TEST_LIGHTNING)
 
 STEPS = 20
 
@@ -81,6 +83,7 @@ def main() -> None:
     final = {f"param/{k}": v.detach().clone() for k, v in model.state_dict().items()}
     final["draw"] = torch.rand(4)
     save_file(final, out)
+    check_alone()
 
 
 if __name__ == "__main__":

@@ -1,20 +1,25 @@
 """A 2-process DDP Lightning run (CPU, gloo) whose checkpoints are statekeeper steps.
 
-Usage: python -m tests.helpers.lightning_ddp CKPT_DIR. Lightning starts the second process
-itself. Each rank prints ``done <rank>`` at the end.
+Usage: python -m tests.helpers.lightning_ddp CKPT_DIR [DEVICES [STEPS [resume]]] (2 devices,
+4 steps by default). Lightning starts the other processes itself. Each rank prints
+``warned <category>: <message>`` for each statekeeper warning of the fit, then ``done
+<rank>``; with ``resume`` the fit resumes from CKPT_DIR/last.ckpt.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
+from tests.helpers.lightning_pkg import check_alone, trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGHTNING)
+ModelCheckpoint = pl.callbacks.ModelCheckpoint
 
 
 class Tiny(pl.LightningModule):
@@ -30,15 +35,25 @@ class Tiny(pl.LightningModule):
 
 
 def main() -> None:
+    where = sys.argv[1]
+    devices, steps = int((sys.argv[2:3] or ["2"])[0]), int((sys.argv[3:4] or ["4"])[0])
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
-    saves = ModelCheckpoint(dirpath=sys.argv[1], every_n_train_steps=2, save_last=True)
+    saves = ModelCheckpoint(dirpath=where, every_n_train_steps=2, save_last=True)
     trainer = pl.Trainer(
-        max_steps=4, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+        max_steps=steps, accelerator="cpu", devices=devices,
+        strategy="ddp" if devices > 1 else "auto", logger=False,
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[StatekeeperCallback(), saves], plugins=[StatekeeperCheckpointIO()],
     )  # fmt: skip
-    trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+    resume = f"{where}/last.ckpt" if sys.argv[4:5] == ["resume"] else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Tiny(), DataLoader(data, batch_size=4), ckpt_path=resume)
+    for w in caught:
+        if str(w.message).startswith("statekeeper:"):
+            print(f"warned {w.category.__name__}: {w.message}", flush=True)
+    check_alone()
     print(f"done {trainer.global_rank}", flush=True)
 
 

@@ -27,15 +27,17 @@ import sys
 from typing import Any
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from tests.helpers.lightning_pkg import check_alone, trainer
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 import statekeeper as sk
 from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGHTNING)
+Callback, ModelCheckpoint = pl.Callback, pl.callbacks.ModelCheckpoint
 
 BATCHES, BATCH, EPOCHS = 6, 4, 3
 
@@ -118,6 +120,7 @@ def main() -> None:
     else:
         loader = StatefulDataLoader(data, batch_size=BATCH, shuffle=True, num_workers=2)
     trainer.fit(Recorder(log), loader, ckpt_path="last" if "resume" in more else None)
+    check_alone()
 
 
 if __name__ == "__main__":

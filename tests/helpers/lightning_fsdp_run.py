@@ -17,16 +17,18 @@ import signal
 import sys
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from safetensors.torch import save_file
+from tests.helpers.lightning_pkg import check_alone, trainer
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from statekeeper.integrations.lightning import StatekeeperCallback
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
+
+pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGHTNING)
+Callback, ModelCheckpoint = pl.Callback, pl.callbacks.ModelCheckpoint
 
 
 class Sharded(pl.LightningModule):
@@ -80,6 +82,7 @@ def main() -> None:
     )  # fmt: skip
     model = Sharded()
     trainer.fit(model, loader, ckpt_path="last" if sys.argv[5:6] == ["resume"] else None)
+    check_alone()
     full = {f"param/{k}": v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
     full["draw"] = torch.rand(4)
     if trainer.global_rank == 0:

@@ -16,14 +16,16 @@ import json
 import sys
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from tests.helpers.lightning_fsdp_run import KillAfter
+from tests.helpers.lightning_pkg import check_alone, trainer
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGHTNING)
+Callback, ModelCheckpoint = pl.Callback, pl.callbacks.ModelCheckpoint
 
 
 class Ids(Dataset[torch.Tensor]):
@@ -64,6 +66,7 @@ def main() -> None:
     )  # fmt: skip
     loader = StatefulDataLoader(Ids(), batch_size=4, num_workers=2)
     trainer.fit(Recorder(log), loader, ckpt_path="last" if sys.argv[4:5] == ["resume"] else None)
+    check_alone()
 
 
 if __name__ == "__main__":

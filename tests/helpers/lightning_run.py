@@ -4,7 +4,8 @@ Usage: python -m tests.helpers.lightning_run CKPT_DIR OUT_FILE EVERY KILL_AFTER 
 [async|-]
 [VERSION_FILE].
 Trains 20 steps (8 batches an epoch) of a small model with dropout, Adam and a StepLR
-schedule on a shuffled StatefulDataLoader, with ``StatekeeperCheckpointIO`` and
+schedule on a shuffled StatefulDataLoader (with the Lightning package
+``tests.helpers.lightning_pkg`` names), with ``StatekeeperCheckpointIO`` and
 ``StatekeeperCallback``, a ``ModelCheckpoint`` every EVERY steps (``save_last=True``).
 After step KILL_AFTER (0: never) it SIGKILLs itself; with ``resume`` it resumes through
 ``trainer.fit(..., ckpt_path="last")``; with ``async`` the plugin is wrapped in Lightning's
@@ -19,15 +20,17 @@ import signal
 import sys
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
-from pytorch_lightning.plugins.io import AsyncCheckpointIO
 from safetensors.torch import save_file
+from tests.helpers.lightning_pkg import check_alone, trainer
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGHTNING)
+Callback, ModelCheckpoint = pl.Callback, pl.callbacks.ModelCheckpoint
+AsyncCheckpointIO = pl.plugins.io.AsyncCheckpointIO
 
 
 class Tiny(pl.LightningModule):
@@ -80,6 +83,7 @@ def main() -> None:
     final = {f"param/{k}": v.detach().clone() for k, v in model.state_dict().items()}
     final["draw"] = torch.rand(4)
     save_file(final, out)
+    check_alone()
     if len(sys.argv) > 7:
         with open(sys.argv[7], "w") as f:
             f.write(pl.__version__)

@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from tests.helpers.framework_runs import oldest, run_to_end
 from tests.helpers.launcher import ROOT
+from tests.helpers.lightning_pkg import fabric
 
 import statekeeper as sk
 
@@ -25,8 +27,10 @@ def _run(
 
 @pytest.mark.parametrize(("every", "kill", "last"), [(3, 13, 12), (4, 17, 16)])
 def test_a_killed_lightning_run_resumes_bitwise(
-    tmp_path: Path, every: int, kill: int, last: int
+    tmp_path: Path, lightning: ModuleType, every: int, kill: int, last: int
 ) -> None:
+    """Under either Lightning package (pytorch_lightning, lightning.pytorch: the helper
+    checks the other is never imported)."""
     assert _run(tmp_path / "straight", tmp_path / "straight.st", every, 0) == 0
     where = tmp_path / "killed"
     assert _run(where, tmp_path / "unused.st", every, kill) == -9
@@ -44,7 +48,9 @@ def test_a_killed_lightning_run_resumes_bitwise(
         assert torch.equal(a[key], b[key]), key
 
 
-def test_lightnings_async_checkpoint_io_saves_through_the_plugin(tmp_path: Path) -> None:
+def test_lightnings_async_checkpoint_io_saves_through_the_plugin(
+    tmp_path: Path, lightning: ModuleType
+) -> None:
     """Lightning's AsyncCheckpointIO wrapping the plugin: each save runs on its thread on
     a copy of the tensors, and the resume is exact (a kill in the middle of a save is the
     plugin's own commit protocol, tested with the core's kill tests)."""
@@ -60,12 +66,14 @@ def test_lightnings_async_checkpoint_io_saves_through_the_plugin(tmp_path: Path)
         assert torch.equal(a[key], b[key]), key
 
 
-def test_hyper_parameters_are_stored_plain_or_refused_by_name(tmp_path: Path) -> None:
-    from pytorch_lightning.utilities.parsing import AttributeDict
-
+def test_hyper_parameters_are_stored_plain_or_refused_by_name(
+    tmp_path: Path, lightning: ModuleType
+) -> None:
     from statekeeper.integrations.lightning import StatekeeperCheckpointIO
 
+    AttributeDict = lightning.utilities.parsing.AttributeDict
     io = StatekeeperCheckpointIO()
+    assert isinstance(io, fabric(lightning.__name__).plugins.CheckpointIO)  # this package's
     checkpoint = {"global_step": 3, "hyper_parameters": AttributeDict(lr=0.1, layers=[2, 3])}
     io.save_checkpoint(checkpoint, tmp_path / "a.ckpt")
     got = io.load_checkpoint(tmp_path / "a.ckpt")
@@ -115,7 +123,7 @@ def test_optimizer_state_is_keyed_by_name_whatever_order_parameters_come_in() ->
 
 
 @pytest.mark.xdist_group("gloo")
-def test_a_ddp_run_saves_from_rank_zero_alone(tmp_path: Path) -> None:
+def test_a_ddp_run_saves_from_rank_zero_alone(tmp_path: Path, lightning: ModuleType) -> None:
     # Lightning calls the plugin on rank 0 only: a collective save there would wait forever
     args = [sys.executable, "-m", "tests.helpers.lightning_ddp", str(tmp_path / "ckpt")]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -126,9 +134,36 @@ def test_a_ddp_run_saves_from_rank_zero_alone(tmp_path: Path) -> None:
     assert "statekeeper_optimizer_states" in sk.read(last)
 
 
+def _ddp(where: Path, *more: str) -> str:
+    args = [sys.executable, "-m", "tests.helpers.lightning_ddp", str(where), *more]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.xdist_group("gloo")
+def test_a_one_process_checkpoint_resumed_by_two_gloo_ranks_says_what_they_share(
+    tmp_path: Path, lightning: ModuleType
+) -> None:
+    """A legitimate scale-up (saved by 1 process, resumed under DDP by 2): not refused, and
+    never silent: rank 0 warns (SharedRankStateWarning) that every rank resumes the one
+    process's RNG and loader state, with the fix. Saved and resumed by 2: no such warning."""
+    _ddp(tmp_path / "one", "1", "4")
+    assert [i.step for i in sk.list_checkpoints(tmp_path / "one" / "last.ckpt")] == [4]
+    out = _ddp(tmp_path / "one", "2", "8", "resume")
+    assert "done 0" in out and "done 1" in out
+    assert out.count("warned SharedRankStateWarning:") == 1, out  # rank 0's (lines interleave)
+    warned = out[out.index("warned SharedRankStateWarning:") :]
+    assert "saved by 1 process and is resumed by 2" in warned
+    assert "RNG state" in warned and "reseed per rank" in warned
+    _ddp(tmp_path / "two", "2", "4")
+    out = _ddp(tmp_path / "two", "2", "8", "resume")  # each rank's own: nothing shared
+    assert "done 0" in out and "warned Shared" not in out
+
+
 @pytest.mark.parametrize(("every", "kill"), [(3, 13), (4, 17)])  # mid-epoch; at its end
 def test_a_killed_fabric_run_resumes_bitwise_by_parameter_name(
-    tmp_path: Path, every: int, kill: int
+    tmp_path: Path, lightning: ModuleType, every: int, kill: int
 ) -> None:
     """Fabric's fabric.save / fabric.load through the plugin, the optimizer by name: the
     resumed model registers its parameters in the other order and still ends identical."""
@@ -174,19 +209,30 @@ def _fsdp_job(where: Path, out: Path, every: int, kill: int, *more: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def fsdp_straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fsdp_straight() -> dict[str, Path]:
     """One uninterrupted FSDP2 run (saving every 3 steps), the reference of every kill: a
     resumed run that saved at other steps must end the same, as saving never changes
     training."""
-    where = tmp_path_factory.mktemp("fsdp_straight")
-    assert _fsdp_job(where / "run", where / "straight.st", 3, 0) == 0
-    return where / "straight.st"
+    return {}  # per Lightning package: its straight run, made once
+
+
+def _straight(made: dict[str, Path], root: Path, package: str) -> Path:
+    if package not in made:
+        where = root / f"fsdp_straight_{package}"
+        assert _fsdp_job(where / "run", where / "straight.st", 3, 0) == 0
+        made[package] = where / "straight.st"
+    return made[package]
 
 
 @pytest.mark.xdist_group("gloo")
 @pytest.mark.parametrize(("every", "kill"), [(3, 7), (4, 9)])  # mid-epoch; at its end
 def test_a_killed_fsdp2_run_resumes_bitwise(
-    tmp_path: Path, fsdp_straight: Path, every: int, kill: int
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    fsdp_straight: dict[str, Path],
+    lightning: ModuleType,
+    every: int,
+    kill: int,
 ) -> None:
     """Lightning's FSDP2 strategy bypasses CheckpointIO: StatekeeperModelParallelStrategy
     saves each rank's shards as one statekeeper step; killed and resumed with
@@ -203,7 +249,8 @@ def test_a_killed_fsdp2_run_resumes_bitwise(
     assert sorted(saved) == ["lightning", "model", "optimizer_0", "statekeeper_rng"]
     assert sorted(saved["optimizer_0"]["state"])[0] == "model/net.0.bias"  # by name
     assert job(where, tmp_path / "resumed.st", 0, "resume") == 0
-    a = load_file(str(fsdp_straight))
+    straight = _straight(fsdp_straight, tmp_path_factory.getbasetemp(), lightning.__name__)
+    a = load_file(str(straight))
     b = load_file(str(tmp_path / "resumed.st"))
     assert a.keys() == b.keys()
     for key in a:
@@ -221,7 +268,9 @@ def _batches(log: Path, rank: int) -> dict[int, tuple[list[int], float]]:
 
 
 @pytest.mark.xdist_group("gloo")
-def test_a_ddp_run_resumed_mid_epoch_trains_on_the_same_samples(tmp_path: Path) -> None:
+def test_a_ddp_run_resumed_mid_epoch_trains_on_the_same_samples(
+    tmp_path: Path, lightning: ModuleType
+) -> None:
     """Lightning makes the resumed iterator before it sets its DistributedSampler's epoch
     (Lightning issue #21938): without StatekeeperCallback's repair, the rest of epoch 1
     is drawn from epoch 0's permutation. Killed after step 7 (newest step: 6, mid-epoch 1)

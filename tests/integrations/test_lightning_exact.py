@@ -1,7 +1,9 @@
 """Lightning runs bounded by ``max_epochs``, killed (SIGKILL) and resumed with
 ``ckpt_path="last"``: every step trains on the samples, augmentations (drawn in two loader
 workers from torch's, numpy's and Python's RNGs) and random draws of the run that never
-stopped, and the model ends bitwise identical (tests/helpers/lightning_exact_run.py)."""
+stopped, and the model ends bitwise identical (tests/helpers/lightning_exact_run.py). Each
+test runs under both Lightning packages (``lightning``: tests/integrations/conftest.py); the
+straight reference is pytorch_lightning's, so the unified package must match it bitwise."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -60,7 +63,7 @@ def _killed_and_resumed(tmp_path: Path, saves: int, kill: int, newest: int) -> L
 
 
 def test_resumed_from_an_epochs_last_batch_trains_the_remaining_epochs(
-    tmp_path: Path, straight: Path
+    tmp_path: Path, straight: Path, lightning: ModuleType
 ) -> None:
     """Saved by epoch 0's last batch (step 6 of 18): Lightning alone counts the resumed
     run an epoch further on and stops at step 12 ("max_epochs reached")."""
@@ -71,7 +74,7 @@ def test_resumed_from_an_epochs_last_batch_trains_the_remaining_epochs(
 
 
 def test_resumed_from_an_epoch_end_save_draws_the_next_epochs_order(
-    tmp_path: Path, straight: Path
+    tmp_path: Path, straight: Path, lightning: ModuleType
 ) -> None:
     """ModelCheckpoint's default save, as epoch 0 ends: Lightning alone does not load the
     loader's position, and every resumed epoch replays epoch 0's shuffle order."""
@@ -82,7 +85,7 @@ def test_resumed_from_an_epoch_end_save_draws_the_next_epochs_order(
 
 
 def test_a_plain_augmenting_dataset_in_workers_is_warned_about_and_the_fix_is_exact(
-    tmp_path: Path, straight: Path
+    tmp_path: Path, straight: Path, lightning: ModuleType
 ) -> None:
     """Mid-epoch (newest step 9, epoch 1): the user's plain dataset gets a warning at fit
     start naming WorkerRNGDataset; with it, every augmentation drawn in the two workers
@@ -94,7 +97,9 @@ def test_a_plain_augmenting_dataset_in_workers_is_warned_about_and_the_fix_is_ex
 
 
 @pytest.mark.xdist_group("gloo")
-def test_a_ddp_run_resumes_each_ranks_own_loader_worker_rng_and_rng(tmp_path: Path) -> None:
+def test_a_ddp_run_resumes_each_ranks_own_loader_worker_rng_and_rng(
+    tmp_path: Path, lightning: ModuleType
+) -> None:
     """Two gloo ranks that draw apart (their own seeds, their own workers' augmentations),
     with StatefulDistributedSampler and WorkerRNGDataset, killed mid-epoch 1 and resumed:
     each rank resumes its own state (Lightning keeps rank 0's checkpoint alone; before,

@@ -3,31 +3,63 @@ numbers, and checkpoints written by StatekeeperCallback through Lightning's own 
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import threading
 import warnings
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from tests.helpers.lightning_pkg import fabric
 
 import statekeeper as sk
 
-pl = pytest.importorskip("pytorch_lightning")
+
+@functools.cache
+def _kit(name: str) -> SimpleNamespace:
+    """The Lightning package ``name``'s classes, and a module and a Trainer made with them."""
+    pl = importlib.import_module(name)
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self, width: int = 4) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Linear(width, 1)
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Logging(Tiny):
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            self.log("progress", float(self.global_step))
+            return super().training_step(batch, index)
+
+    def trainer(steps: int, callbacks: list[Any], plugins: list[Any]) -> Any:
+        saves = any(type(c).__name__ == "ModelCheckpoint" for c in callbacks)
+        return pl.Trainer(
+            max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+            enable_model_summary=False, callbacks=callbacks, plugins=plugins,
+            enable_checkpointing=saves,
+        )  # fmt: skip
+
+    return SimpleNamespace(
+        Tiny=Tiny, Logging=Logging, trainer=trainer, Fabric=fabric(name).Fabric,
+        ModelCheckpoint=pl.callbacks.ModelCheckpoint,
+        AsyncCheckpointIO=pl.plugins.io.AsyncCheckpointIO,
+    )  # fmt: skip
 
 
-class Tiny(pl.LightningModule):  # type: ignore[misc]
-    def __init__(self, width: int = 4) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = torch.nn.Linear(width, 1)
-
-    def training_step(self, batch: Any, index: int) -> torch.Tensor:
-        return self.net(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+@pytest.fixture
+def kit(lightning: ModuleType) -> SimpleNamespace:
+    """Each test under both Lightning packages (``lightning``: tests/integrations/conftest)."""
+    return _kit(lightning.__name__)
 
 
 def _loader() -> Any:
@@ -37,27 +69,17 @@ def _loader() -> Any:
     return DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
 
 
-def _trainer(steps: int, callbacks: list[Any], plugins: list[Any]) -> Any:
-    saves = any(type(c).__name__ == "ModelCheckpoint" for c in callbacks)
-    return pl.Trainer(
-        max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=callbacks, plugins=plugins,
-        enable_checkpointing=saves,
-    )  # fmt: skip
-
-
 def test_a_url_is_saved_on_its_file_system_not_in_a_local_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kit: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytorch_lightning.callbacks import ModelCheckpoint
 
     from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
 
     monkeypatch.chdir(tmp_path)
     io = StatekeeperCheckpointIO()
-    saves = ModelCheckpoint(dirpath="memory://sk-lightning/run", every_n_train_steps=2)
-    trainer = _trainer(4, [StatekeeperCallback(), saves], [io])
-    trainer.fit(Tiny(), _loader())
+    saves = kit.ModelCheckpoint(dirpath="memory://sk-lightning/run", every_n_train_steps=2)
+    trainer = kit.trainer(4, [StatekeeperCallback(), saves], [io])
+    trainer.fit(kit.Tiny(), _loader())
     trainer.save_checkpoint("memory://sk-lightning/extra.ckpt")
     assert list(tmp_path.iterdir()) == []  # no folder named "memory:" here
     assert [i.step for i in sk.list_checkpoints("memory://sk-lightning/extra.ckpt")] == [4]
@@ -67,18 +89,17 @@ def test_a_url_is_saved_on_its_file_system_not_in_a_local_folder(
     assert io.load_checkpoint(newest)["global_step"] == 4
     io.remove_checkpoint(newest)
     assert sk.list_checkpoints(newest) == []
-    resumed = _trainer(6, [StatekeeperCallback()], [StatekeeperCheckpointIO()])
-    resumed.fit(Tiny(), _loader(), ckpt_path="memory://sk-lightning/extra.ckpt")
+    resumed = kit.trainer(6, [StatekeeperCallback()], [StatekeeperCheckpointIO()])
+    resumed.fit(kit.Tiny(), _loader(), ckpt_path="memory://sk-lightning/extra.ckpt")
     assert resumed.global_step == 6
 
 
 def test_modelcheckpoint_on_s3_saves_resumes_and_prunes_there(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: Any
+    kit: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: Any
 ) -> None:
     """The real S3 protocol (moto's server on localhost, through s3fs): ModelCheckpoint's
     steps are written to the bucket (verified there), its top-k pruning removes them there,
     and a run resumes from one."""
-    from pytorch_lightning.callbacks import ModelCheckpoint
 
     from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
 
@@ -94,11 +115,11 @@ def test_modelcheckpoint_on_s3_saves_resumes_and_prunes_there(
         monkeypatch.setenv(name, value)
     run = f"s3://{s3_server.new_bucket()}/run"
     io = StatekeeperCheckpointIO(storage_options=s3_server.options)
-    saves = ModelCheckpoint(
+    saves = kit.ModelCheckpoint(
         dirpath=run, every_n_train_steps=2, save_top_k=1, monitor="progress", mode="max"
     )
-    trainer = _trainer(6, [StatekeeperCallback(), saves], [io])
-    trainer.fit(_Logging(), _loader())
+    trainer = kit.trainer(6, [StatekeeperCallback(), saves], [io])
+    trainer.fit(kit.Logging(), _loader())
     assert list(tmp_path.iterdir()) == []  # nothing local named "s3:"
     fs = s3_server.filesystem()
     names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(run.removeprefix("s3://"), refresh=True))
@@ -106,28 +127,20 @@ def test_modelcheckpoint_on_s3_saves_resumes_and_prunes_there(
     newest = f"{run}/epoch=1-step=6.ckpt"
     storage = sk.FsspecStorage(newest, **s3_server.options)
     assert [i.step for i in sk.list_checkpoints(storage)] == [6] and sk.verify(storage).ok
-    resumed = _trainer(
+    resumed = kit.trainer(
         8, [StatekeeperCallback()], [StatekeeperCheckpointIO(storage_options=s3_server.options)]
     )
-    resumed.fit(_Logging(), _loader(), ckpt_path=newest)
+    resumed.fit(kit.Logging(), _loader(), ckpt_path=newest)
     assert resumed.global_step == 8
 
 
-class _Logging(Tiny):
-    def training_step(self, batch: Any, index: int) -> torch.Tensor:
-        self.log("progress", float(self.global_step))
-        return super().training_step(batch, index)
-
-
 def test_async_top_k_removal_of_a_checkpoint_still_being_written_waits_for_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kit: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Lightning's AsyncCheckpointIO writes on its thread; ModelCheckpoint(save_top_k=1)
+    """Lightning's AsyncCheckpointIO writes on its thread; kit.ModelCheckpoint(save_top_k=1)
     removes the previous checkpoint as soon as it asks for the next. The first save is held
     (on its thread, as it begins writing) until its removal has been asked for: the removal
     waits for it, and only the newest checkpoint is left."""
-    from pytorch_lightning.callbacks import ModelCheckpoint
-    from pytorch_lightning.plugins.io import AsyncCheckpointIO
 
     import statekeeper.integrations.lightning_io as plugin
     from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
@@ -148,15 +161,15 @@ def test_async_top_k_removal_of_a_checkpoint_still_being_written_waits_for_it(
 
     monkeypatch.setattr(plugin, "save", save)
     io = Watched()
-    saves = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=1)
-    trainer = _trainer(4, [StatekeeperCallback(), saves], [AsyncCheckpointIO(io)])
-    trainer.fit(Tiny(), _loader())  # stock Lightning: no error; before: StorageError
+    saves = kit.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=1)
+    trainer = kit.trainer(4, [StatekeeperCallback(), saves], [kit.AsyncCheckpointIO(io)])
+    trainer.fit(kit.Tiny(), _loader())  # stock Lightning: no error; before: StorageError
     assert removing.is_set()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=4.ckpt"]
     assert sk.verify(tmp_path / "epoch=0-step=4.ckpt").ok
 
 
-def test_a_removal_of_a_save_still_queued_drops_it(tmp_path: Path) -> None:
+def test_a_removal_of_a_save_still_queued_drops_it(kit: SimpleNamespace, tmp_path: Path) -> None:
     from statekeeper.integrations.lightning import StatekeeperCheckpointIO
 
     io = StatekeeperCheckpointIO()
@@ -172,12 +185,11 @@ def test_a_removal_of_a_save_still_queued_drops_it(tmp_path: Path) -> None:
     assert [i.step for i in sk.list_checkpoints(tmp_path / "b")] == [3]
 
 
-def test_fabric_saves_are_numbered_by_the_states_step(tmp_path: Path) -> None:
-    from lightning_fabric import Fabric
+def test_fabric_saves_are_numbered_by_the_states_step(kit: SimpleNamespace, tmp_path: Path) -> None:
 
     from statekeeper.integrations.lightning import StatekeeperCheckpointIO
 
-    fabric = Fabric(accelerator="cpu", devices=1, plugins=[StatekeeperCheckpointIO()])
+    fabric = kit.Fabric(accelerator="cpu", devices=1, plugins=[StatekeeperCheckpointIO()])
     model = fabric.setup(torch.nn.Linear(2, 1))
     fabric.save(tmp_path / "last", {"model": model, "step": 120})
     assert [i.step for i in sk.list_checkpoints(tmp_path / "last")] == [120]
@@ -188,38 +200,40 @@ def test_fabric_saves_are_numbered_by_the_states_step(tmp_path: Path) -> None:
 
 
 def test_the_callback_with_lightnings_own_checkpoint_io_writes_loadable_checkpoints(
+    kit: SimpleNamespace,
     tmp_path: Path,
 ) -> None:
-    from pytorch_lightning.callbacks import ModelCheckpoint
 
     from statekeeper.integrations.lightning import StatekeeperCallback
 
-    saves = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_last=True)
-    _trainer(4, [StatekeeperCallback(), saves], []).fit(Tiny(), _loader())
+    saves = kit.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_last=True)
+    kit.trainer(4, [StatekeeperCallback(), saves], []).fit(kit.Tiny(), _loader())
     loaded = torch.load(tmp_path / "last.ckpt", weights_only=True)  # Lightning's own load
     assert "statekeeper_rng" in loaded
-    resumed = _trainer(6, [StatekeeperCallback()], [])
-    resumed.fit(Tiny(), _loader(), ckpt_path=tmp_path / "last.ckpt")
+    resumed = kit.trainer(6, [StatekeeperCallback()], [])
+    resumed.fit(kit.Tiny(), _loader(), ckpt_path=tmp_path / "last.ckpt")
     assert resumed.global_step == 6
 
 
-def test_load_from_checkpoint_builds_the_module_from_a_statekeeper_step(tmp_path: Path) -> None:
+def test_load_from_checkpoint_builds_the_module_from_a_statekeeper_step(
+    kit: SimpleNamespace, tmp_path: Path
+) -> None:
     """LightningModule.load_from_checkpoint reads with torch.load and fails on a step (a
     directory); statekeeper's load_from_checkpoint does what it does: hyper-parameters
     (overridden by keywords), weights, strict, map_location."""
     from statekeeper.integrations.lightning import StatekeeperCheckpointIO, load_from_checkpoint
 
-    trainer = _trainer(2, [], [StatekeeperCheckpointIO()])
-    trained = Tiny(width=4)
+    trainer = kit.trainer(2, [], [StatekeeperCheckpointIO()])
+    trained = kit.Tiny(width=4)
     trainer.fit(trained, _loader())
     trainer.save_checkpoint(tmp_path / "model.ckpt")
     with pytest.raises(IsADirectoryError):
-        Tiny.load_from_checkpoint(tmp_path / "model.ckpt")  # Lightning's own: no route
-    got = load_from_checkpoint(Tiny, tmp_path / "model.ckpt", map_location="cpu")
-    assert isinstance(got, Tiny) and got.hparams["width"] == 4
+        kit.Tiny.load_from_checkpoint(tmp_path / "model.ckpt")  # Lightning's own: no route
+    got = load_from_checkpoint(kit.Tiny, tmp_path / "model.ckpt", map_location="cpu")
+    assert isinstance(got, kit.Tiny) and got.hparams["width"] == 4
     assert torch.equal(got.net.weight, trained.net.weight)
     with pytest.raises(RuntimeError, match="size mismatch"):
-        load_from_checkpoint(Tiny, tmp_path / "model.ckpt", width=3)  # the override is used
+        load_from_checkpoint(kit.Tiny, tmp_path / "model.ckpt", width=3)  # the override is used
     with pytest.raises(sk.InvalidArgumentError, match="pass the class"):
         load_from_checkpoint(trained, tmp_path / "model.ckpt")  # type: ignore[arg-type]
 
@@ -232,37 +246,37 @@ class _Noisy(torch.utils.data.Dataset[torch.Tensor]):
         return torch.rand(4)  # random augmentation, drawn in a worker
 
 
-def test_a_plain_dataset_in_loader_workers_is_warned_about_at_fit_start() -> None:
+def test_a_plain_dataset_in_loader_workers_is_warned_about_at_fit_start(
+    kit: SimpleNamespace,
+) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from statekeeper.integrations.lightning import StatekeeperCallback
 
-    class Model(Tiny):
+    class Model(kit.Tiny):
         def training_step(self, batch: Any, index: int) -> torch.Tensor:
             return self.net(batch).pow(2).mean()
 
     plain = StatefulDataLoader(_Noisy(), batch_size=4, num_workers=2)
     with pytest.warns(sk.StatekeeperWarning, match=r"WorkerRNGDataset\(dataset\)"):
-        _trainer(1, [StatekeeperCallback()], []).fit(Model(), plain)
+        kit.trainer(1, [StatekeeperCallback()], []).fit(Model(), plain)
     wrapped = StatefulDataLoader(sk.WorkerRNGDataset(_Noisy()), batch_size=4, num_workers=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sk.StatekeeperWarning)
-        _trainer(1, [StatekeeperCallback()], []).fit(Model(), wrapped)
+        kit.trainer(1, [StatekeeperCallback()], []).fit(Model(), wrapped)
 
 
 def test_an_old_step_the_plugin_cannot_remove_fails_no_save(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kit: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A name saved again (``last.ckpt``) keeps one step: the older one is removed after the
     new one is committed. One that cannot be removed (a mount point: ``EBUSY``, injected for
     that one directory) is warned about and the save succeeds; the next save removes it."""
     import errno
 
-    from lightning_fabric import Fabric
-
     from statekeeper.integrations.lightning import StatekeeperCheckpointIO
 
-    fabric = Fabric(accelerator="cpu", devices=1, plugins=[StatekeeperCheckpointIO()])
+    fabric = kit.Fabric(accelerator="cpu", devices=1, plugins=[StatekeeperCheckpointIO()])
     model = fabric.setup(torch.nn.Linear(2, 1))
     target = tmp_path / "last.ckpt"
     fabric.save(target, {"model": model, "step": 1})
@@ -281,3 +295,72 @@ def test_an_old_step_the_plugin_cannot_remove_fails_no_save(
     assert fabric.load(target, {"model": model})["step"] == 2
     fabric.save(target, {"model": model, "step": 3})
     assert [i.step for i in sk.list_checkpoints(target)] == [3]
+
+
+_KILLED_REMOVAL = """
+import os, signal, sys
+from tests.helpers.lightning_pkg import fabric
+fabric()  # the Lightning package of the test
+from statekeeper.integrations.lightning import StatekeeperCheckpointIO
+io = StatekeeperCheckpointIO()
+real = os.unlink
+def unlink(*args, **kwargs):
+    real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)  # a hard kill after the first file is deleted
+os.unlink = unlink
+io.remove_checkpoint(sys.argv[1])
+"""
+
+
+def test_a_removal_killed_midway_leaves_no_half_deleted_checkpoint_under_its_name(
+    kit: SimpleNamespace, tmp_path: Path
+) -> None:
+    """ModelCheckpoint's top-k removal, SIGKILLed right after its first file is deleted:
+    the checkpoint was renamed aside (``.removing-``) before any file went, so Lightning
+    never finds a half-deleted step under the checkpoint's name (before: shutil.rmtree in
+    place left a step missing files under ``epoch=0-step=3.ckpt``)."""
+    import subprocess
+    import sys
+
+    from tests.helpers.launcher import ROOT
+
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO
+
+    target = tmp_path / "epoch=0-step=3.ckpt"
+    StatekeeperCheckpointIO().save_checkpoint({"global_step": 3, "w": torch.ones(64)}, target)
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_REMOVAL, str(target)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == -9, done.stderr[-3000:]
+    assert not os.path.lexists(target)
+    assert sk.list_checkpoints(target) == []
+    (aside,) = tmp_path.iterdir()  # what was left says what it is
+    assert aside.name.startswith("epoch=0-step=3.ckpt.removing-")
+
+
+def test_a_removal_that_fails_is_a_storage_error_naming_the_checkpoint_and_the_fix(
+    kit: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint that cannot be removed (a mount point: EBUSY, injected for it) raises
+    statekeeper's StorageError naming it and what to do, never a bare OSError; it is whole."""
+    import errno
+
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO
+
+    io = StatekeeperCheckpointIO()
+    target = tmp_path / "epoch=0-step=3.ckpt"
+    io.save_checkpoint({"global_step": 3}, target)
+    real_rename = os.rename
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if os.fspath(src) == str(target):
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(target))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(sk.StorageError, match=r"epoch=0-step=3\.ckpt.*remove it by hand") as got:
+        io.remove_checkpoint(target)
+    assert got.value.errno == errno.EBUSY
+    monkeypatch.undo()
+    assert [i.step for i in sk.list_checkpoints(target)] == [3] and sk.verify(target).ok

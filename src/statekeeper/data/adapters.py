@@ -36,7 +36,7 @@ STATEFUL_LOADER = Adapter(
     Kind.PER_RANK,
     is_stateful_dataloader,
     lambda name, obj, ctx: capture_loader(name, obj),
-    lambda name, obj, value, ctx: restore_loader(obj, value),
+    lambda name, obj, value, ctx: restore_loader(name, obj, value),
     generators=loader_generator_list,
 )
 RESUMABLE_LOADER = Adapter(

@@ -25,7 +25,12 @@ from typing import Any
 
 import torch
 
-from statekeeper.errors import InvalidArgumentError, StatekeeperWarning, user_stacklevel
+from statekeeper.errors import (
+    CheckpointUnreadableError,
+    InvalidArgumentError,
+    StatekeeperWarning,
+    user_stacklevel,
+)
 
 __all__ = [
     "UNRESUMABLE_SAMPLERS",
@@ -134,19 +139,33 @@ def capture_loader(name: str, loader: Any) -> dict[str, Any]:
     return {_MARK: 1, "loader": own, "generators": generators}
 
 
-def restore_loader(loader: Any, saved: Mapping[str, Any]) -> None:
-    """Load, build the resumed iterator now, then put the generators where they were."""
-    if not (isinstance(saved, Mapping) and saved.get(_MARK) == 1):
-        raise ValueError("the checkpoint holds no statekeeper data-loader state for this loader")
+def restore_loader(name: str, loader: Any, saved: Mapping[str, Any]) -> None:
+    """Load, build the resumed iterator now, then put the generators where they were.
+    ``name`` is the state entry (for the errors)."""
+    if not (
+        isinstance(saved, Mapping)
+        and saved.get(_MARK) == 1
+        and isinstance(saved.get("generators"), Mapping)
+        and "loader" in saved
+    ):
+        raise CheckpointUnreadableError(
+            f"state entry {name!r}: the checkpoint holds no statekeeper data-loader state "
+            f"there (found {type(saved).__name__}): load it into the object it was saved from "
+            "(a StatefulDataLoader saved under this key), or drop the loader from the state "
+            "to start its epoch over"
+        )
+    generators = _generators(loader)
+    for role, gen in generators.items():  # checked before anything is loaded
+        if (gen is None) != (saved["generators"].get(role) is None):
+            saver, this = ("had a", "has none") if gen is None else ("had no", "has one")
+            raise InvalidArgumentError(
+                f"state entry {name!r}: the loader that saved {saver} {role} generator, this one "
+                f"{this}: build the loader as the saving run did ({role} generator "
+                f"{'given' if gen is None else 'left out'}), so that its order resumes"
+            )
     loader.load_state_dict(saved["loader"])
     if loader.next_iter_state is not None:
         loader.state_dict()  # builds the resumed iterator; the next iter(loader) returns it
-    for role, gen in _generators(loader).items():
-        state = saved["generators"].get(role)
-        if (gen is None) != (state is None):
-            raise ValueError(
-                f"the {role} generator is {'missing' if gen is None else 'new'} "
-                "compared with the loader that saved"
-            )
+    for role, gen in generators.items():
         if gen is not None:
-            gen.set_state(state)
+            gen.set_state(saved["generators"][role])

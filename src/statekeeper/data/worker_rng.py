@@ -27,15 +27,24 @@ random state, for the warning that says so.
 from __future__ import annotations
 
 import random
+import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
+from statekeeper.errors import StatekeeperWarning, user_stacklevel
 from statekeeper.stateful import is_stateful
 
-__all__ = ["WorkerRNGDataset", "carry_worker_rng", "carries_worker_rng", "workers_without_rng"]
+__all__ = [
+    "WorkerRNGDataset",
+    "carries_worker_rng",
+    "carry_worker_rng",
+    "warn_late",
+    "workers_without_rng",
+]
 
 T = TypeVar("T")
 
@@ -87,6 +96,10 @@ class _CarryRNG:
 
     def __init__(self, user: Callable[[int], None] | None) -> None:
         self.user = user
+        self.late: weakref.ref[Any] | None = None  # the iterator whose workers lack the hook
+
+    def __getstate__(self) -> dict[str, Any]:  # a spawned worker gets the hook, not the mark
+        return {"user": self.user, "late": None}
 
     def __call__(self, worker_id: int) -> None:
         if self.user is not None:
@@ -102,25 +115,54 @@ class _CarryRNG:
             return
 
 
-def carry_worker_rng(loader: Any) -> None:
+def carry_worker_rng(loader: Any) -> bool:
     """Have the workers of the torchdata ``StatefulDataLoader`` ``loader`` save their random
-    state with their snapshots and restore it on resume (see the module docstring). Call
-    it before the loader's first ``iter``: workers already running are not changed. Does
-    nothing for a loader without workers, or one whose dataset is ``Stateful`` already."""
+    state with their snapshots and restore it on resume (see the module docstring); whether
+    it came in time. Call it before the loader's first ``iter``: workers already running
+    are not changed, and :func:`carries_worker_rng` is False while their iterator is the
+    loader's (with ``persistent_workers``, for good): the caller warns then
+    (:func:`warn_late`, or its own save-time check of the snapshots). Does nothing for a
+    loader without workers, or one whose dataset is ``Stateful`` already."""
     if isinstance(loader.worker_init_fn, _CarryRNG):
-        return
-    loader.worker_init_fn = _CarryRNG(loader.worker_init_fn)
+        return True
+    hook = _CarryRNG(loader.worker_init_fn)
+    loader.worker_init_fn = hook
     if getattr(loader, "_initial_iter_for_state_dict", False):
         # an iterator that a state_dict() call built before the first batch (Accelerate's
         # prepare does) started its workers without the hook: dropped, unused, so that the
         # first iter() builds one (torchdata's own attributes: it has no public way)
         loader._initial_iter_for_state_dict = False
         loader._iterator = None
+    running = getattr(loader, "_iterator", None)
+    if running is None or not int(getattr(loader, "num_workers", 0) or 0):
+        return True
+    hook.late = weakref.ref(running)  # its workers started without the hook
+    return False
+
+
+def warn_late(loader: Any, fix: str) -> None:
+    """Say that :func:`carry_worker_rng` came after ``loader``'s workers had started;
+    ``fix`` is the caller's way to hand the loader over in time."""
+    until = "never: persistent_workers keeps them" if loader.persistent_workers else "next epoch"
+    warnings.warn(
+        "statekeeper: the worker random state of a StatefulDataLoader was asked to be saved "
+        "after its workers had started (its iterator was made): their draws are not saved "
+        f"until the loader makes a new iterator ({until}). {fix}, or wrap the dataset: "
+        "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)",
+        StatekeeperWarning,
+        stacklevel=user_stacklevel(),
+    )
 
 
 def carries_worker_rng(loader: Any) -> bool:
-    """Whether :func:`carry_worker_rng` was applied to ``loader``."""
-    return isinstance(getattr(loader, "worker_init_fn", None), _CarryRNG)
+    """Whether the workers of ``loader``'s current iterator save their random state:
+    :func:`carry_worker_rng` was applied before they started (or an iterator made since
+    started them)."""
+    hook = getattr(loader, "worker_init_fn", None)
+    if not isinstance(hook, _CarryRNG):
+        return False
+    late = None if hook.late is None else hook.late()
+    return late is None or getattr(loader, "_iterator", None) is not late
 
 
 def workers_without_rng(state: Mapping[str, Any]) -> list[str]:

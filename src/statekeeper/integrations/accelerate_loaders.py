@@ -59,6 +59,7 @@ class AccelerateLoader:
     def __init__(self, name: str, loader: Any) -> None:
         self.name = name
         self.loader = loader
+        # too late (its workers run already): state_dict's check of the snapshots warns
         carry_worker_rng(getattr(loader, "base_dataloader", loader))
 
     def state_dict(self) -> dict[str, Any]:

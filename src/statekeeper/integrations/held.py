@@ -114,7 +114,7 @@ class LoaderState:
         return capture_loader("loader", self.loader)
 
     def load_state_dict(self, state: Mapping[str, Any], /) -> None:
-        restore_loader(self.loader, state)
+        restore_loader("loader", self.loader, state)
 
 
 def plain_tree(value: Any) -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from statekeeper.data.worker_rng import carries_worker_rng, carry_worker_rng
+from statekeeper.data.worker_rng import carries_worker_rng, carry_worker_rng, warn_late
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import StatekeeperWarning
 from statekeeper.integrations.accelerate_loaders import AccelerateLoader, unresumable_sampler
@@ -69,8 +69,8 @@ def build_stateful(accelerator: Any, build: Callable[[], Any]) -> Any:
         loader = build()
     finally:
         config.use_stateful_dataloader = before
-    if _stateful(loader):
-        carry_worker_rng(_base(loader))
+    if _stateful(loader) and not carry_worker_rng(_base(loader)):
+        warn_late(_base(loader), "Return the loader get_train_dataloader builds, unused")
     return loader
 
 

@@ -15,6 +15,10 @@ Lightning's FSDP2 strategy bypasses ``CheckpointIO``: use
 ``StatekeeperModelParallelStrategy`` in place of ``ModelParallelStrategy`` (each rank's
 shards, one statekeeper step).
 
+Both Lightning packages are supported, ``pytorch_lightning`` and the unified ``lightning``
+(``import lightning as L``): the plugin, the callback and the strategy are made as classes of
+the package the process has imported (:mod:`statekeeper.integrations.lightning_roots`).
+
 Lightning Fabric: ``Fabric(plugins=[StatekeeperCheckpointIO()])`` makes ``fabric.save`` /
 ``fabric.load`` write and read statekeeper steps. Fabric saves what it is handed, so hand
 it ``NamedOptimizer(optimizer, model)`` (state by parameter name), ``LoaderState(loader)``
@@ -30,12 +34,11 @@ naming it: pass ``save_hyperparameters(ignore=[...])`` for it, or store plain va
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
 import torch
-from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.trainer.states import TrainerFn
 
 from statekeeper.errors import LoadStateError
 from statekeeper.integrations.held import LoaderState, NamedOptimizer
@@ -44,7 +47,8 @@ from statekeeper.integrations.lightning_epoch import loader_states, resumed_mid_
 from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStrategy
 from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
 from statekeeper.integrations.lightning_load import load_from_checkpoint
-from statekeeper.integrations.lightning_ranks import gather, pick
+from statekeeper.integrations.lightning_ranks import SharedRankStateWarning, gather, pick
+from statekeeper.integrations.lightning_roots import ByPackage, imported
 from statekeeper.integrations.lightning_warn import warn_inexact
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
@@ -52,6 +56,7 @@ from statekeeper.state.rng import RNGState
 __all__ = [
     "LoaderState",
     "NamedOptimizer",
+    "SharedRankStateWarning",
     "StatekeeperCallback",
     "StatekeeperCheckpointIO",
     "StatekeeperModelParallelStrategy",
@@ -62,8 +67,16 @@ _RNG = "statekeeper_rng"
 _OPTIMIZERS = "statekeeper_optimizer_states"  # name-keyed, in place of "optimizer_states"
 
 
-class StatekeeperCallback(Callback):
+def _callbacks() -> tuple[type, ...]:
+    return tuple(importlib.import_module(f"{r}.callbacks").Callback for r in imported())
+
+
+class StatekeeperCallback(ByPackage):
     """What Lightning's own checkpoint leaves out for an exact, safe resume.
+
+    Made, it is a ``Callback`` of the Lightning package this process has imported
+    (``pytorch_lightning``, ``lightning.pytorch``, or both:
+    :mod:`statekeeper.integrations.lightning_roots`).
 
     - Every RNG (Python, numpy, torch, CUDA), restored where the run that saved stood: for
       a checkpoint saved mid-epoch, as the resumed run starts training, after Lightning
@@ -77,6 +90,8 @@ class StatekeeperCallback(Callback):
     - The data order of the rest of an epoch resumed mid-way, which Lightning draws from
       another epoch's permutation (:mod:`statekeeper.integrations.lightning_epoch`).
     """
+
+    _lightning = staticmethod(_callbacks)
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
@@ -98,7 +113,7 @@ class StatekeeperCallback(Callback):
             ]
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        if trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to resume
+        if trainer.state.fn != "fit":  # TrainerFn.FITTING (either package); not validate, test...
             return
         pick(checkpoint, _RNG)  # this rank's RNG and loader states (DDP)
         self._pending = checkpoint.get(_RNG)

@@ -15,13 +15,12 @@ Lightning. A weights-only checkpoint holds no optimizer state and loads none.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
-
-from pytorch_lightning.strategies import ModelParallelStrategy
+from typing import TYPE_CHECKING, Any, Self
 
 from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.location import resolve_storage
@@ -31,6 +30,7 @@ from statekeeper.checkpoint.scope import Scope
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.held import plain_tree
+from statekeeper.integrations.lightning_roots import ByPackage, imported, made, trainer_root
 from statekeeper.stateful import Value
 
 __all__ = ["StatekeeperModelParallelStrategy"]
@@ -40,8 +40,41 @@ _REST = "lightning"  # the checkpoint less the model, the optimizers and the RNG
 _RNG = "statekeeper_rng"  # StatekeeperCallback's entry: each rank's own
 
 
-class StatekeeperModelParallelStrategy(ModelParallelStrategy):
-    """``ModelParallelStrategy`` whose checkpoints are statekeeper steps (see the module)."""
+def _strategy(root: str) -> type:
+    return importlib.import_module(f"{root}.strategies").ModelParallelStrategy  # type: ignore[no-any-return]
+
+
+def _imported_strategy() -> tuple[type, ...]:
+    roots = imported()
+    if len(roots) > 1:
+        raise InvalidArgumentError(
+            "both pytorch_lightning and lightning are imported: a strategy runs one package's "
+            "internals, so say which Trainer it is for: "
+            'StatekeeperModelParallelStrategy.of("lightning")(...) or '
+            '.of("pytorch_lightning")(...)'
+        )
+    return (_strategy(roots[0]),)
+
+
+class StatekeeperModelParallelStrategy(ByPackage):
+    """``ModelParallelStrategy`` whose checkpoints are statekeeper steps (see the module).
+
+    Made, it is the ``ModelParallelStrategy`` of the Lightning package this process has
+    imported (:mod:`statekeeper.integrations.lightning_roots`); with both imported, name it:
+    ``StatekeeperModelParallelStrategy.of("lightning")(...)``.
+    """
+
+    _lightning = staticmethod(_imported_strategy)
+
+    if TYPE_CHECKING:  # Lightning's strategy attributes, of whichever package it is made
+
+        def __getattr__(self, name: str) -> Any: ...
+
+    @classmethod
+    def of(cls, package: str) -> type[Self]:
+        """This strategy as a class of ``package`` (``"lightning"`` or
+        ``"pytorch_lightning"``), for a process that has imported both."""
+        return made(cls, (_strategy(trainer_root(package)),))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -16,24 +16,24 @@ that save is dropped when its turn comes.
 
 from __future__ import annotations
 
+import importlib
 import os
-import shutil
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
-
 from statekeeper.checkpoint.location import resolve_storage
 from statekeeper.checkpoint.retention import keep_only
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
-from statekeeper.errors import InvalidArgumentError
+from statekeeper.errors import InvalidArgumentError, StorageError
 from statekeeper.integrations.held import plain_tree
+from statekeeper.integrations.lightning_roots import ByPackage, imported
 from statekeeper.interop.reading import read
 from statekeeper.storage.base import Storage
 from statekeeper.storage.fsspec import FsspecStorage
+from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.urls import is_url, storage_for_url
 
 __all__ = ["StatekeeperCheckpointIO", "step_of"]
@@ -49,12 +49,23 @@ def step_of(checkpoint: Mapping[str, Any]) -> int:
     return 0
 
 
-class StatekeeperCheckpointIO(CheckpointIO):
+def _checkpoint_ios() -> tuple[type, ...]:
+    return tuple(
+        importlib.import_module(f"{root}.plugins.io.checkpoint_io").CheckpointIO
+        for root in imported(fabric=True)
+    )
+
+
+class StatekeeperCheckpointIO(ByPackage):
     """Lightning checkpoints as statekeeper steps (see the module docstring).
 
     ``storage_options`` are handed to fsspec for URLs (``s3://``: credentials, endpoint);
-    a local path takes none.
+    a local path takes none. Made, it is a ``CheckpointIO`` of the Lightning package this
+    process has imported (``lightning_fabric``, ``lightning.fabric``, or both:
+    :mod:`statekeeper.integrations.lightning_roots`).
     """
+
+    _lightning = staticmethod(_checkpoint_ios)
 
     def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
@@ -140,16 +151,35 @@ class StatekeeperCheckpointIO(CheckpointIO):
         return os.path.lexists(target)
 
     def _remove(self, target: str) -> None:
-        if is_url(target):
-            fs, root = _filesystem(target, self.storage_options)
-            if fs.exists(root):
-                fs.rm(root, recursive=True)
-            return
-        where = Path(target)
-        if where.is_dir() and not where.is_symlink():
-            shutil.rmtree(where)
-        elif os.path.lexists(where):
-            where.unlink()
+        """Remove the checkpoint ``target`` as the storage layer removes a step: a local
+        directory is renamed to ``<name>.removing-<id>`` first (``LocalStorage.remove``: a
+        kill mid-way leaves no half-deleted checkpoint under its name, which Lightning would
+        resume from), a URL's steps are uncommitted first (``FsspecStorage.remove``); a
+        failure is a ``StorageError`` naming the checkpoint and the fix."""
+        try:
+            if is_url(target) and not target.startswith("file://"):
+                self._remove_url(target)
+                return
+            where = Path(target.removeprefix("file://"))
+            if where.is_dir() and not where.is_symlink():
+                LocalStorage(where.parent).remove(where.name)
+            else:  # a file (a stock checkpoint) or a link: one unlink, atomic
+                where.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                exc.errno,
+                f"could not remove the Lightning checkpoint {target}: {exc}. Free it (a mount "
+                "point, an immutable or read-only directory, another process holding it) and "
+                "remove it by hand, or keep it (ModelCheckpoint(save_top_k=-1))",
+            ) from exc
+
+    def _remove_url(self, target: str) -> None:
+        storage = FsspecStorage(target, **self.storage_options)
+        for entry in storage.entries():  # each step uncommitted before its files go
+            storage.remove(entry)
+        fs, root = _filesystem(target, self.storage_options)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
 
     def teardown(self) -> None:
         with self._lock:

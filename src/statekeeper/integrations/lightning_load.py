@@ -12,6 +12,7 @@ statekeeper (no pickle), then handed to Lightning's own loading, so hyper-parame
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ import torch
 
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
+from statekeeper.integrations.lightning_roots import package_of
 
 __all__ = ["load_from_checkpoint"]
 
@@ -54,19 +56,20 @@ def load_from_checkpoint(
     from the checkpoint's hyper-parameters updated with ``kwargs``, its weights loaded, on
     ``map_location`` (a device; the CPU by default). A URL (``s3://...``) is read with
     ``storage_options``."""
-    import pytorch_lightning as pl
-    from pytorch_lightning.core.saving import _load_state
-
-    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule | pl.LightningDataModule)):
+    root = package_of(cls)  # pytorch_lightning or lightning.pytorch: its own loading
+    if root is None:
         raise InvalidArgumentError(
             f"load_from_checkpoint builds a LightningModule or LightningDataModule subclass, got "
             f"{cls!r}: pass the class (MyModule), not an instance"
         )
+    pl = importlib.import_module(root)
+    _load_state = importlib.import_module(f"{root}.core.saving")._load_state
     device = _device(map_location)
     checkpoint = StatekeeperCheckpointIO(storage_options).load_checkpoint(checkpoint_path)
-    hparams = dict(checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
+    key = cls.CHECKPOINT_HYPER_PARAMS_KEY  # type: ignore[attr-defined]
+    hparams = dict(checkpoint.get(key) or {})
     hparams.update(kwargs)
-    checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY] = hparams
+    checkpoint[key] = hparams
     built: Any
     if issubclass(cls, pl.LightningDataModule):
         built = _load_state(cls, checkpoint, **kwargs)

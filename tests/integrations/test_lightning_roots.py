@@ -1,0 +1,74 @@
+"""The plugin, the callback and the strategy are classes of the Lightning package in use:
+with both packages imported (as here), the callback and the plugin are taken by either
+package's Trainer, and the strategy is named for one."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+import statekeeper as sk
+
+pl = pytest.importorskip("pytorch_lightning")
+L = pytest.importorskip("lightning")
+
+
+def _trainer(package: object, callbacks: list[object], plugins: list[object]) -> object:
+    return package.Trainer(  # type: ignore[attr-defined]
+        accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=callbacks, plugins=plugins,
+    )  # fmt: skip
+
+
+def test_with_both_packages_imported_either_trainer_takes_the_callback_and_the_plugin() -> None:
+    from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
+
+    callback, io = StatekeeperCallback(), StatekeeperCheckpointIO()
+    assert isinstance(callback, pl.Callback) and isinstance(callback, L.pytorch.Callback)
+    assert isinstance(io, L.fabric.plugins.CheckpointIO)
+    assert isinstance(callback, StatekeeperCallback) and callback.state_key == "StatekeeperCallback"
+    for package in (pl, L):  # before: lightning's Trainer refused both ("invalid type")
+        trainer = _trainer(package, [callback], [io])
+        assert trainer.strategy.checkpoint_io is io  # type: ignore[attr-defined]
+    again = pickle.loads(pickle.dumps(callback))  # ddp_spawn pickles the Trainer's callbacks
+    assert type(again) is type(callback)
+
+
+def test_the_strategy_is_named_for_one_package_when_both_are_imported() -> None:
+    from statekeeper.integrations.lightning import StatekeeperModelParallelStrategy
+
+    with pytest.raises(sk.InvalidArgumentError, match=r'\.of\("lightning"\)'):
+        StatekeeperModelParallelStrategy()
+    unified = StatekeeperModelParallelStrategy.of("lightning")()
+    assert isinstance(unified, L.pytorch.strategies.ModelParallelStrategy)
+    assert not isinstance(unified, pl.strategies.ModelParallelStrategy)
+    assert isinstance(unified, StatekeeperModelParallelStrategy)
+    plain = StatekeeperModelParallelStrategy.of("pytorch_lightning")()
+    assert isinstance(plain, pl.strategies.ModelParallelStrategy)
+    with pytest.raises(sk.InvalidArgumentError, match="pytorch_lightning"):
+        StatekeeperModelParallelStrategy.of("lightening")
+
+
+def test_load_from_checkpoint_uses_the_modules_own_package(tmp_path: Path) -> None:
+    import torch
+
+    from statekeeper.integrations.lightning import StatekeeperCheckpointIO, load_from_checkpoint
+
+    class Unified(L.LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self, width: int = 3) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Linear(width, 1)
+
+    model = Unified()
+    target = tmp_path / "m.ckpt"  # type: ignore[operator]
+    checkpoint = {
+        "global_step": 1,
+        "state_dict": model.state_dict(),
+        "hyper_parameters": {"width": 3},
+    }
+    StatekeeperCheckpointIO().save_checkpoint(checkpoint, target)
+    got = load_from_checkpoint(Unified, target)
+    assert isinstance(got, Unified) and torch.equal(got.net.weight, model.net.weight)

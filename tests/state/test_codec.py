@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statekeeper.errors import UnsupportedValueError
-from statekeeper.format.values import decode_value, encode_value
+from statekeeper.format.values import encode_value
+from statekeeper.format.values_decode import decode_value
 from statekeeper.state.tree import flatten, unflatten
 
 floats = st.floats(allow_nan=True, allow_infinity=True)

@@ -26,7 +26,8 @@ from statekeeper.checkpoint.listing import list_checkpoints
 from statekeeper.checkpoint.location import committed
 from statekeeper.checkpoint.naming import ParsedEntry, step_entry
 from statekeeper.checkpoint.policies import Retention
-from statekeeper.format.values import Json, decode_value
+from statekeeper.format.values import Json
+from statekeeper.format.values_decode import decode_value
 from statekeeper.storage.base import Storage, identity_of
 
 __all__ = ["CANDIDATES", "link_source"]

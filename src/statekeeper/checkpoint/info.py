@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from statekeeper.format.manifest import Manifest
-from statekeeper.format.values import decode_value
+from statekeeper.format.values_decode import decode_value
 
 __all__ = ["CheckpointInfo", "RestoreInfo"]
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.manifest import Manifest
-from statekeeper.format.values import decode_value, join_path
+from statekeeper.format.values import join_path
+from statekeeper.format.values_decode import decode_value
 
 __all__ = ["SHORT_VALUE", "Ref", "decode", "relative", "summary", "walk"]
 

@@ -22,7 +22,7 @@ from statekeeper.format.dtypes import CODE_OF
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_header import Header, read_header
 from statekeeper.format.sharding import tiling_problem
-from statekeeper.format.values import decode_value
+from statekeeper.format.values_decode import decode_value
 
 __all__ = ["check_records", "file_header", "tensors_by_file", "verify_step"]
 

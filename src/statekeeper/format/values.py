@@ -22,8 +22,9 @@ Everything else becomes a one-tag object whose first key starts with ``$``:
 ``{"$ndarray": name}`` a numpy array stored as a tensor
 ====================  ==========================================================
 
-Any other type raises :class:`UnsupportedValueError` naming the key path. Decoding never
-constructs anything but these types, so a manifest cannot run code.
+Any other type raises :class:`UnsupportedValueError` naming the key path. Decoding
+(:mod:`statekeeper.format.values_decode`) never constructs anything but these types, so a
+manifest cannot run code.
 """
 
 from __future__ import annotations
@@ -37,16 +38,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from statekeeper.errors import UnsupportedValueError
-from statekeeper.format.dtypes import dtype_from_name, dtype_name
+from statekeeper.format.dtypes import dtype_name
 from statekeeper.format.jsondoc import MAX_DEPTH
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 # torch and numpy are imported where a value needs them, not with this module: decoding a
 # manifest's state (``statekeeper ls``/``inspect``) must not pay for importing torch
 
-__all__ = ["Json", "decode_value", "encode_value", "join_path"]
+__all__ = ["Json", "RefHook", "TensorHook", "encode_value", "join_path"]
 
 Json = Any  # a JSON-compatible value; recursive aliases add nothing for mypy here
 
@@ -92,13 +93,6 @@ def _long_int() -> int:
 def join_path(path: str, key: object) -> str:
     """The key path of a child, as used in error messages and tensor names."""
     return f"{path}/{key}" if path else str(key)
-
-
-def _dtype_by_name(name: str, path: str) -> torch.dtype:
-    try:
-        return dtype_from_name(name)
-    except ValueError:
-        raise ValueError(f"{path}: unknown torch dtype {name!r}") from None
 
 
 _np: Any = None
@@ -205,110 +199,3 @@ def _encode_items(
             ]
         )
     return items
-
-
-def decode_value(obj: Json, path: str, on_ref: RefHook, depth: int = 0) -> Any:
-    """Invert :func:`encode_value`; ``on_ref(tag, name)`` supplies tensors and arrays.
-
-    Raises ``ValueError`` (with the key path) on anything :func:`encode_value` cannot produce,
-    nesting deeper than ``MAX_DEPTH`` included.
-    """
-    if obj is None or isinstance(obj, bool | int | float | str):
-        return obj
-    if depth > MAX_DEPTH:
-        raise ValueError(_too_deep(path))
-    depth += 1
-    if isinstance(obj, list):
-        return [decode_value(v, join_path(path, i), on_ref, depth) for i, v in enumerate(obj)]
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: {type(obj).__name__} is not a JSON value")
-    tag = next(iter(obj), None)
-    if not (isinstance(tag, str) and tag.startswith("$")):
-        return {k: decode_value(v, join_path(path, k), on_ref, depth) for k, v in obj.items()}
-    if tag not in _TAGS:
-        raise ValueError(f"{path}: unknown tag {tag!r}")
-    body = obj[tag]
-    if tag in ("$tensor", "$ndarray"):
-        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
-        return on_ref(tag, body)
-    if tag == "$float":
-        _expect(body in ("inf", "-inf", "nan") and len(obj) == 1, path, tag)
-        return float(body)
-    if tag == "$int":
-        _expect(
-            isinstance(body, str) and _HEX.fullmatch(body) is not None and len(obj) == 1, path, tag
-        )
-        return int(body, 16)  # a power-of-two base: never limited by the digits limit
-    if tag == "$bytes":
-        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
-        return base64.b64decode(body, validate=True)
-    if tag == "$tuple":
-        _expect(isinstance(body, list) and len(obj) == 1, path, tag)
-        return tuple(decode_value(v, join_path(path, i), on_ref, depth) for i, v in enumerate(body))
-    if tag == "$dict":
-        _expect(len(obj) == 1, path, tag)
-        return dict(_decode_items(body, path, on_ref, depth))
-    if tag == "$odict":
-        _expect(set(obj) == {"$odict", "meta"}, path, tag)
-        result: OrderedDict[Any, Any] = OrderedDict(_decode_items(body, path, on_ref, depth))
-        if obj["meta"] is not None:
-            meta = decode_value(obj["meta"], join_path(path, "_metadata"), on_ref, depth)
-            result._metadata = meta  # type: ignore[attr-defined]
-        return result
-    if tag == "$dtype":
-        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
-        return _dtype_by_name(body, path)
-    if tag == "$size":
-        _expect(isinstance(body, list) and all(type(d) is int for d in body), path, tag)
-        import torch
-
-        return torch.Size(body)
-    if tag == "$device":
-        _expect(isinstance(body, str) and len(obj) == 1, path, tag)
-        import torch
-
-        return torch.device(body)
-    if tag == "$numpy":
-        _expect(isinstance(body, str) and set(obj) == {"$numpy", "value"}, path, tag)
-        try:
-            import numpy as np
-
-            dtype = np.dtype(body)
-        except TypeError:
-            raise ValueError(f"{path or '<root>'}: unknown numpy dtype {body!r}") from None
-        _expect(dtype.kind in "biufc", path, tag)
-        return dtype.type(decode_value(obj["value"], path, on_ref, depth))
-    # "$complex"
-    _expect(isinstance(body, list) and len(body) == 2 and len(obj) == 1, path, tag)
-    return complex(
-        decode_value(body[0], path, on_ref, depth), decode_value(body[1], path, on_ref, depth)
-    )
-
-
-def _decode_items(body: Json, path: str, on_ref: RefHook, depth: int) -> list[tuple[Any, Any]]:
-    _expect(
-        isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body),
-        path,
-        "items",
-    )
-    items = []
-    for k_enc, v_enc in body:
-        if type(k_enc) is str:  # the common case, decoded inline: a module's state_dict
-            key: Any = k_enc
-        else:
-            key = decode_value(k_enc, path, on_ref, depth)
-            try:
-                hash(key)
-            except TypeError:
-                raise ValueError(f"{path or '<root>'}: unhashable dict key {key!r}") from None
-        ref = v_enc.get("$tensor") if type(v_enc) is dict and len(v_enc) == 1 else None
-        if type(ref) is str:  # a tensor reference, as decode_value would resolve it
-            items.append((key, on_ref("$tensor", ref)))
-        else:
-            items.append((key, decode_value(v_enc, join_path(path, key), on_ref, depth)))
-    return items
-
-
-def _expect(ok: bool, path: str, tag: str) -> None:
-    if not ok:
-        raise ValueError(f"{path or '<root>'}: malformed {tag} value")

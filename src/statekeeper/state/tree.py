@@ -17,7 +17,8 @@ import torch
 
 from statekeeper.errors import UnsupportedValueError
 from statekeeper.format.torch_dtypes import SUPPORTED_DTYPES
-from statekeeper.format.values import Json, decode_value, encode_value
+from statekeeper.format.values import Json, encode_value
+from statekeeper.format.values_decode import decode_value
 
 __all__ = ["Flat", "flatten", "unflatten"]
 

@@ -18,12 +18,18 @@ import json
 import math
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Any, NamedTuple
+from typing import Any
 
 from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
 from statekeeper.format.aliases import MAX_ALIAS_AMPLIFICATION, Alias, alias_problem
 from statekeeper.format.checksum import ALGORITHM, checksum
-from statekeeper.format.jsondoc import depth_problem, parse_json
+from statekeeper.format.jsondoc import depth_problem
+from statekeeper.format.manifest_parse import (
+    TensorRecord,
+    TensorRecords,
+    parse_manifest_json,
+    record_problem,
+)
 from statekeeper.format.sharding import Sharding
 from statekeeper.format.values import Json
 from statekeeper.storage.files import check_name
@@ -50,16 +56,6 @@ _ZERO = "0" * 32
 class FileRecord:
     size: int
     checksum: str
-
-
-class TensorRecord(NamedTuple):
-    """Where one stored tensor lies, its dtype and shape. A named tuple, not a dataclass: a
-    manifest holds one per tensor, and reading 500,000 of them is half a manifest's parse
-    (``bench/average_empty.py``)."""
-
-    file: str
-    dtype: str
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -118,7 +114,7 @@ class Manifest:
         """Parse and verify; raises CorruptCheckpointError or UnsupportedFormatError naming path."""
         try:
             text = data.decode("ascii")
-            body = parse_json(text)
+            body = parse_manifest_json(text)
         except (UnicodeDecodeError, ValueError) as exc:
             raise CorruptCheckpointError(path, f"manifest is not valid JSON ({exc})") from None
         if not isinstance(body, dict):
@@ -257,30 +253,15 @@ def _reused(value: object) -> dict[str, str]:
     return dict(value)
 
 
-_INT = frozenset({int})
-
-
-def _tensor_records(entries: dict[str, Any]) -> dict[str, TensorRecord]:
-    """The ``tensors`` member as records. Equal file names, dtypes and shapes are shared (one
-    object each, not one per tensor), and each entry is checked with C-level operations:
-    this runs once per stored tensor of every manifest read."""
-    strings: dict[str, str] = {}
-    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
-    make = tuple.__new__
-    records: dict[str, TensorRecord] = {}
-    for name, r in entries.items():
-        file, dtype, dims = r["file"], r["dtype"], r["shape"]
-        if type(file) is not str or type(dtype) is not str or type(dims) is not list:
-            raise ValueError(f"tensor {name!r}: malformed record {r!r}")
-        shape = tuple(dims)
-        if not set(map(type, shape)) <= _INT:  # exact ints: a bool is not a dimension
-            raise ValueError(f"tensor {name!r}: expected a list of integers, found {dims!r}")
-        records[name] = make(
-            TensorRecord,
-            (strings.setdefault(file, file), strings.setdefault(dtype, dtype),
-             shapes.setdefault(shape, shape)),
-        )  # fmt: skip
-    return records
+def _tensor_records(entries: object) -> dict[str, TensorRecord]:
+    """The ``tensors`` member as records (read as such by :func:`parse_manifest_json`);
+    ``ValueError`` naming the first entry that is not one."""
+    if not isinstance(entries, TensorRecords):
+        raise ValueError(f"tensors is a {type(entries).__name__}, not an object")
+    for name in entries.malformed:
+        if not isinstance(entries[name], TensorRecord):  # (a later duplicate may be one)
+            raise ValueError(record_problem(name, entries[name]))
+    return entries
 
 
 def _int(value: object) -> int:

@@ -93,7 +93,6 @@ class Checkpointer:
         self._distributed = is_distributed(scope)
         if mirror is not None:
             require_single_process(self._distributed)
-        self._uploader = Uploader(self.storage, mirror) if mirror is not None else None
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
         self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
@@ -108,6 +107,11 @@ class Checkpointer:
         self._stack = ExitStack()
         if self._leader:
             self._stack.enter_context(writer_lock(self.storage))  # errors name the fix
+        try:  # only the lock's holder reads the upload journal and speaks to the mirror
+            self._uploader = Uploader(self.storage, mirror) if mirror is not None else None
+        except BaseException:
+            self._stack.close()
+            raise
         self._resumed_from: int | None = None
         self._last_save = clock()
         self._closed = False

@@ -60,7 +60,7 @@ class Retrying:
         return self.storage.begin(entry, replace=replace)
 
     def remove(self, entry: str) -> None:
-        self.storage.remove(entry)
+        self._transfer.attempt(lambda: self.storage.remove(entry))  # none once stopped
 
     def writer_lock(self) -> AbstractContextManager[None]:
         return self.storage.writer_lock()

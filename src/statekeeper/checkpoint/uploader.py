@@ -68,7 +68,9 @@ class Uploader:
         self.remote = remote
         self.reader = Retrying(remote, Transfer(1, mirror.retries, mirror.backoff))
         self.journal = Journal(local, remote.describe())
-        self._journal_lock = threading.Lock()
+        # held while the thread changes the run (the journal, the mirror's retention): once
+        # ``_disowned`` is set under it, nothing of the run is changed by this uploader again
+        self._owner_lock = threading.Lock()
         self._reset()
         self._resume()
         _uploaders.add(self)
@@ -87,6 +89,7 @@ class Uploader:
         self._closing = False  # while closing, a failed upload stops the ones after it
         self._halted = False
         self._finished = False
+        self._disowned = False  # closed: the run (its lock, its journal) is no longer ours
 
     def _resume(self) -> None:
         """Queue the steps an earlier process left in the journal (uploaded from the next
@@ -110,9 +113,11 @@ class Uploader:
     def _record(self) -> None:
         """The journal follows what is waiting (called without the condition held). The
         set is taken and written under one lock: a writer that saw an older set (the
-        thread, before a save queued a step) never writes it over a newer one."""
-        with self._journal_lock:
-            self.journal.write(self.pending())
+        thread, before a save queued a step) never writes it over a newer one; once
+        :meth:`finish` disowned the run, never again (the next owner's journal is its own)."""
+        with self._owner_lock:
+            if not self._disowned:
+                self.journal.write(self.pending())
 
     def _start(self) -> None:
         """Start the thread when there is work and none runs (the condition is held)."""
@@ -181,10 +186,9 @@ class Uploader:
                 stacklevel=user_stacklevel(),
             )
 
-    def _idle(self, seconds: float | None) -> bool:
-        """Wait until the thread has ended (nothing queued, or halted); False when
-        ``seconds`` passed first."""
-        deadline = None if seconds is None else time.monotonic() + seconds
+    def _idle(self, deadline: float | None) -> bool:
+        """Wait until the thread has ended (nothing queued, or halted); False when the
+        ``time.monotonic()`` ``deadline`` passed first."""
         with self._cond:
             self._start()
             while self._thread is not None:
@@ -222,13 +226,10 @@ class Uploader:
         with self._cond:
             self._closing = True
             self._finished = True
-        finished = self._idle(self.mirror.close_timeout)
-        if not finished:
-            self._transfer.stop.set()  # no further request: the journal keeps the steps
-            with self._cond:
-                self._halted = True
-        with self._cond:  # not tried (a failure is raised below, named there)
-            left = sorted({*self._queue, *([] if self._uploading is None else [self._uploading])})
+        bound = self.mirror.close_timeout
+        deadline = None if bound is None else time.monotonic() + bound
+        finished = self._idle(deadline)
+        settled, left = self._disown(deadline)
         if left:
             reason = (
                 f"did not finish within Mirror(close_timeout={self.mirror.close_timeout:g}) s"
@@ -239,7 +240,13 @@ class Uploader:
                 f"statekeeper: {why}: the uploads to {self.remote.describe()} {reason}; steps "
                 f"{left} are not on the mirror. They stay on the local tier and in its upload "
                 f"journal ({self.journal.where()}): the next Checkpointer with this mirror "
-                "uploads them (Mirror(close_timeout=None) makes close() wait for them)",
+                "uploads them (Mirror(close_timeout=None) makes close() wait for them)"
+                + (
+                    ""
+                    if settled
+                    else "; a write of that journal or a removal by the mirror's retention "
+                    "was still in flight (check the journal and the mirror)"
+                ),
                 StatekeeperWarning,
                 stacklevel=user_stacklevel(),
             )
@@ -249,6 +256,26 @@ class Uploader:
             if not quiet:
                 raise
             warnings.warn(f"statekeeper: {exc}", StatekeeperWarning, stacklevel=2)
+
+    def _disown(self, deadline: float | None) -> tuple[bool, list[int]]:
+        """From now on nothing of the run is changed by this uploader (the writer lock is
+        released next): no request is begun or retried, the journal is never written and
+        the mirror's retention never runs again, whatever the thread still waits for (a
+        request that cannot be interrupted). False when a change of the run the thread
+        had begun was still going on at ``deadline`` (it is not waited for longer); and the
+        steps not tried or not done then (a failure is raised by ``finish``, named there)."""
+        self._transfer.stop.set()
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        settled = self._owner_lock.acquire(timeout=wait)
+        try:
+            with self._cond:
+                self._disowned = self._halted = True
+                current = [] if self._uploading is None else [self._uploading]
+                left = sorted({*self._queue, *current})
+        finally:
+            if settled:
+                self._owner_lock.release()
+        return settled, left
 
     def _at_exit(self) -> None:
         """Interpreter exit without ``close()``: finish (or report) what was started."""
@@ -278,10 +305,16 @@ class Uploader:
         error: BaseException | None = None
         try:
             upload_step(self.local, self.remote, step, self._transfer)
-            self._retain(step)  # before wait() can return: the tier is as it will stay
+            with self._owner_lock:  # before wait() can return: the tier is as it will stay
+                if not self._disowned:
+                    self._retain(step)
         except Exception as exc:  # kept, warned about and raised by wait(): never lost
             error = exc
         with self._cond:
+            if self._disowned:  # closed meanwhile: what the journal says stays as it is
+                self._uploading = None
+                self._cond.notify_all()
+                return False
             self._uploading = None
             if error is None:
                 self._failed.pop(step, None)
@@ -300,8 +333,8 @@ class Uploader:
         """The mirror's retention; a failure there is warned about (the step is uploaded)."""
         if self.mirror.keep is None:
             return
-        try:
-            apply_retention(self.remote, self.mirror.keep, protect={step})
+        try:  # each removal checks that the uploads were not stopped meanwhile
+            apply_retention(Retrying(self.remote, self._transfer), self.mirror.keep, {step})
         except Exception as exc:  # a policy's own bug included: the upload stands
             warnings.warn(
                 f"statekeeper: retention on the mirror {self.remote.describe()} failed after "

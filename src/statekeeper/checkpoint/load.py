@@ -113,6 +113,22 @@ def load(
     return info
 
 
+def load_located(
+    location: Location,
+    state: Mapping[str, Any],
+    *,
+    strict: Strict,
+    on_optimizer_change: OptimizerChange,
+) -> RestoreInfo:
+    """:func:`load` of a step already located (one process): no listing of its run."""
+    check_assignable(state)
+    with collector_paused():
+        info = _load_local(location, state, RestoreOptions(strict, on_optimizer_change, None))
+    if isinstance(state, MutableMapping):
+        state.update(info.values)
+    return info
+
+
 def _plan(prepared: dict[str, Any], ctx: Restoring) -> tuple[dict[str, Any], list[str]]:
     """Each entry's value to restore (optimizer state made positional) and every mismatch.
     Pure: it inspects the live state and loads nothing (modules whose direct copy plan

@@ -50,6 +50,16 @@ class Retrying:
     def files(self, entry: str) -> list[str]:
         return self._transfer.attempt(lambda: self.storage.files(entry))
 
+    def top_level(self) -> list[str] | None:
+        """The storage's ``top_level()`` (see :mod:`statekeeper.checkpoint.candidates`),
+        or None where it has none."""
+        top = getattr(self.storage, "top_level", None)
+        return None if not callable(top) else list(self._transfer.attempt(top))
+
+    def is_committed(self, entry: str) -> bool:
+        check = getattr(self.storage, "is_committed", None)
+        return True if not callable(check) else bool(self._transfer.attempt(lambda: check(entry)))
+
     def read(self, entry: str, name: str) -> Any:
         return self._transfer.attempt(lambda: self.storage.read(entry, name))
 

@@ -17,13 +17,16 @@ from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.checkpoint.reader import PendingStep, Progress, read_step
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.errors import (
+    CorruptCheckpointError,
     InvalidArgumentError,
     KeyMismatchError,
     LoadStateError,
     StatekeeperWarning,
     user_stacklevel,
 )
+from statekeeper.format.manifest import MANIFEST
 from statekeeper.state.optimizer import OptimizerChange
+from statekeeper.storage.base import fingerprint_of
 
 __all__ = [
     "Strict",
@@ -144,6 +147,24 @@ def _plan(prepared: dict[str, Any], ctx: Restoring) -> tuple[dict[str, Any], lis
 
 
 def _load_local(
+    location: Location, state: Mapping[str, Any], options: RestoreOptions
+) -> RestoreInfo:
+    """Load the step once; once more where it failed its checks because another process
+    saved the step again meanwhile (``overwrite=True``: the manifest and the files read may
+    then be of two versions), told by its manifest's fingerprint (inode, ETag) having
+    changed since before the read. A damage that is not such a race is raised as it is."""
+    storage, entry = location.storage, location.entry
+    seen = fingerprint_of(storage, entry, MANIFEST)
+    try:
+        return _load_once(location, state, options)
+    except CorruptCheckpointError:
+        now = fingerprint_of(storage, entry, MANIFEST)
+        if seen is None or now is None or now == seen:
+            raise
+    return _load_once(Location(storage, entry, location.step), state, options)
+
+
+def _load_once(
     location: Location, state: Mapping[str, Any], options: RestoreOptions
 ) -> RestoreInfo:
     ctx = Restoring(state, options.strict, options.change)

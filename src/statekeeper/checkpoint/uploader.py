@@ -5,19 +5,20 @@ The steps not uploaded yet are recorded in the run directory's upload journal
 (:mod:`statekeeper.checkpoint.journal`): a process killed mid-upload leaves them there, and
 the next uploader for the same mirror queues them first (its local retention keeps them
 until they are uploaded). ``finish`` (``close()``) waits at most ``Mirror.close_timeout``
-seconds and stops at the first upload that fails while closing; what is still waiting then
-is warned about and stays in the journal. A process that ends without ``close()`` does the
-same at interpreter exit, before ``concurrent.futures`` refuses new work.
+seconds, whatever the back-end (a request that hangs and cannot be interrupted included:
+the uploads run on daemon threads that never hold the process), and stops at the first
+upload that fails while closing; what is still waiting then is warned about and stays in
+the journal. From then on the uploader changes nothing of the run (no journal write, no
+request begun, no retention on the mirror): the next owner of the run may already be at
+work. A process that ends without ``close()`` does the same at interpreter exit
+(:mod:`statekeeper.checkpoint.upload_hooks`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401  its exit hook first: ours is run before it
-import os
 import threading
 import time
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -25,29 +26,30 @@ from typing import Any
 from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.journal import Journal
 from statekeeper.checkpoint.load import Strict
-from statekeeper.checkpoint.location import committed, resolve_storage
+from statekeeper.checkpoint.location import committed
 from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
-from statekeeper.checkpoint.remote import Retrying
+from statekeeper.checkpoint.remote import Retrying, mirror_storage
 from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.checkpoint.tiered import newest_of_tiers
 from statekeeper.checkpoint.upload import Transfer, upload_step
+from statekeeper.checkpoint.upload_hooks import track
+from statekeeper.checkpoint.upload_reports import (
+    RETRY_STEPS,
+    failed_uploads,
+    warn_failure,
+    warn_gone,
+    warn_left,
+    warn_retention,
+)
 from statekeeper.errors import (
-    InvalidArgumentError,
     MirrorError,
     StatekeeperWarning,
-    user_stacklevel,
 )
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.storage.base import Storage
-from statekeeper.storage.fsspec import FsspecStorage
-from statekeeper.storage.places import same_place
 
 __all__ = ["RETRY_STEPS", "Uploader"]
-
-RETRY_STEPS = 3
-"""How many times in all a step's upload is tried in one process (once, then with each of
-the next saves)."""
 
 
 class Uploader:
@@ -56,16 +58,7 @@ class Uploader:
     def __init__(self, local: Storage, mirror: Mirror) -> None:
         self.local = local
         self.mirror = mirror
-        remote = resolve_storage(mirror.target)
-        if same_place(remote, local):
-            raise InvalidArgumentError(
-                f"the mirror {remote.describe()} is the run directory {local.describe()} "
-                "itself (the same directory, however spelled): its retention would delete "
-                "the run's own steps. Mirror to another storage"
-            )
-        if isinstance(remote, FsspecStorage):
-            remote = remote.with_timeout(mirror.timeout)
-        self.remote = remote
+        self.remote = remote = mirror_storage(local, mirror)
         self.reader = Retrying(remote, Transfer(1, mirror.retries, mirror.backoff))
         self.journal = Journal(local, remote.describe())
         # held while the thread changes the run (the journal, the mirror's retention): once
@@ -73,7 +66,7 @@ class Uploader:
         self._owner_lock = threading.Lock()
         self._reset()
         self._resume()
-        _uploaders.add(self)
+        track(self)  # checkpoint/upload_hooks.py: interpreter exit, fork
 
     def _reset(self) -> None:
         self._cond = threading.Condition()
@@ -101,13 +94,7 @@ class Uploader:
         present = {p.step for p in committed(self.local)}
         gone = sorted(waiting - present)
         if gone:
-            warnings.warn(
-                f"statekeeper: steps {gone} of {self.local.describe()} were waiting for their "
-                f"upload to {self.remote.describe()} but are no longer on the local tier: "
-                "they cannot be uploaded (check that the mirror holds what it should)",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
+            warn_gone(gone, self.local.describe(), self.remote.describe())
         self._queue.extend(sorted(waiting & present))
 
     def _record(self) -> None:
@@ -178,13 +165,7 @@ class Uploader:
             found, self._unwarned = self._unwarned, []
             failures = [(s, self._failed[s]) for s in found if s in self._failed]
         for step, exc in failures:
-            warnings.warn(
-                f"statekeeper: uploading step {step} to {self.remote.describe()} failed "
-                f"({type(exc).__name__}: {exc}); the step stays on the local tier and its "
-                "upload is tried again with the next save; wait()/close() raise it",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
+            warn_failure(step, self.remote.describe(), exc)
 
     def _idle(self, deadline: float | None) -> bool:
         """Wait until the thread has ended (nothing queued, or halted); False when the
@@ -203,14 +184,7 @@ class Uploader:
             failed, self._unreported = self._unreported, []
             errors = [(s, self._failed[s]) for s in failed if s in self._failed]
         if errors:
-            detail = "; ".join(f"step {s}: {type(e).__name__}: {e}" for s, e in errors)
-            raise MirrorError(
-                f"uploading to {self.remote.describe()} failed ({detail}). Later steps were "
-                "uploaded as usual; a failed step stays on the local tier while its upload "
-                f"is tried again (with each of the next {RETRY_STEPS} saves, and by the next "
-                "process, from the upload journal)",
-                [s for s, _ in errors],
-            ) from errors[-1][1]
+            raise failed_uploads(self.remote.describe(), errors) from errors[-1][1]
 
     def wait(self) -> None:
         """Wait until every submitted step is uploaded or has failed; raise ``MirrorError``
@@ -231,25 +205,9 @@ class Uploader:
         finished = self._idle(deadline)
         settled, left = self._disown(deadline)
         if left:
-            reason = (
-                f"did not finish within Mirror(close_timeout={self.mirror.close_timeout:g}) s"
-                if not finished
-                else "stopped after an upload failed"
-            )
-            warnings.warn(
-                f"statekeeper: {why}: the uploads to {self.remote.describe()} {reason}; steps "
-                f"{left} are not on the mirror. They stay on the local tier and in its upload "
-                f"journal ({self.journal.where()}): the next Checkpointer with this mirror "
-                "uploads them (Mirror(close_timeout=None) makes close() wait for them)"
-                + (
-                    ""
-                    if settled
-                    else "; a write of that journal or a removal by the mirror's retention "
-                    "was still in flight (check the journal and the mirror)"
-                ),
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
+            timeout = None if finished else bound
+            where = self.journal.where()
+            warn_left(why, self.remote.describe(), where, left, timeout, settled)
         try:
             self._raise_failures()
         except MirrorError as exc:
@@ -277,7 +235,7 @@ class Uploader:
                 self._owner_lock.release()
         return settled, left
 
-    def _at_exit(self) -> None:
+    def at_exit(self) -> None:
         """Interpreter exit without ``close()``: finish (or report) what was started."""
         with self._cond:
             started = self._thread is not None or bool(self._unreported)
@@ -336,33 +294,10 @@ class Uploader:
         try:  # each removal checks that the uploads were not stopped meanwhile
             apply_retention(Retrying(self.remote, self._transfer), self.mirror.keep, {step})
         except Exception as exc:  # a policy's own bug included: the upload stands
-            warnings.warn(
-                f"statekeeper: retention on the mirror {self.remote.describe()} failed after "
-                f"step {step} ({exc}); it runs again after the next upload",
-                StatekeeperWarning,
-                stacklevel=2,
-            )
+            warn_retention(self.remote.describe(), step, exc)
 
-
-_uploaders: weakref.WeakSet[Uploader] = weakref.WeakSet()
-
-
-def _finish_at_exit() -> None:
-    for uploader in list(_uploaders):
-        uploader._at_exit()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has none of its parent's threads: its uploaders start afresh and
-    never write the journal (the parent goes on uploading what it had queued)."""
-    for uploader in list(_uploaders):
-        uploader._reset()
-        uploader.journal.enabled = False
-
-
-# run by threading's shutdown, before concurrent.futures' own hook (registered earlier: the
-# hooks run last-registered first), so that the uploads' thread pools still take work
-threading._register_atexit(_finish_at_exit)  # type: ignore[attr-defined]
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    def after_fork_in_child(self) -> None:
+        """A forked child has none of its parent's threads: it starts afresh and never
+        writes the journal (the parent goes on uploading what it had queued)."""
+        self._reset()
+        self.journal.enabled = False

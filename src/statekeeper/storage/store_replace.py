@@ -18,14 +18,28 @@ The price: an overwrite on an object store costs a server-side copy of the old s
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from statekeeper.storage.commit import REPLACED
 
-if TYPE_CHECKING:
-    from statekeeper.storage.fsspec import FsspecStorage
-
 __all__ = ["recover", "set_aside"]
+
+
+class FsspecStorage(Protocol):
+    """What this needs of :class:`statekeeper.storage.fsspec.FsspecStorage`."""
+
+    fs: Any
+    marker: str
+
+    def path(self, entry: str = "", name: str = "") -> str: ...
+
+    def files(self, entry: str) -> list[str]: ...
+
+    def top_level(self) -> list[str]: ...
+
+    def is_committed(self, entry: str) -> bool: ...
+
+    def remove(self, entry: str) -> None: ...
 
 
 def _copy_file(storage: FsspecStorage, source: str, target: str, name: str) -> None:

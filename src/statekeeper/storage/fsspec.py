@@ -29,12 +29,12 @@ from typing import Any
 
 from statekeeper.errors import (
     CorruptCheckpointError,
-    InvalidArgumentError,
     StatekeeperError,
     StorageError,
 )
 from statekeeper.storage.base import Capabilities, EntryWriter
 from statekeeper.storage.files import check_name
+from statekeeper.storage.store_clients import bounded_options, filesystem
 from statekeeper.storage.store_errors import Produced, guarded, translated
 from statekeeper.storage.store_replace import recover, set_aside
 
@@ -42,24 +42,6 @@ __all__ = ["INCOMPLETE", "FsspecStorage"]
 
 INCOMPLETE = ".partial-0"
 """Suffix under which an entry without its commit marker is reported."""
-
-
-def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
-    try:
-        import fsspec
-    except ImportError:
-        raise InvalidArgumentError(
-            f"{url}: URLs need the optional dependency fsspec: pip install 'statekeeper[fsspec]' "
-            "(and s3fs or gcsfs for s3:// and gs://)"
-        ) from None
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as exc:
-        raise InvalidArgumentError(
-            f"{url}: no usable fsspec back-end for this URL ({exc}); install the package that "
-            "provides it (s3fs for s3://, gcsfs for gs://)"
-        ) from None
-    return fs, str(root).rstrip("/")
 
 
 class _FsspecFiles(EntryWriter):
@@ -138,7 +120,7 @@ class FsspecStorage:
         self.url = url.rstrip("/") + ("//" if url.rstrip("/").endswith(":") else "")
         self.marker = marker
         self.options = dict(storage_options)
-        self.fs, self.root = _filesystem(url, storage_options)
+        self.fs, self.root = filesystem(url, storage_options)
         self._mutex = threading.Lock()
         self._depth = 0
 
@@ -162,18 +144,11 @@ class FsspecStorage:
         ``seconds`` without progress (to connect, and between two reads of an answer) and is
         tried once (the caller retries). Applied to s3fs (``s3://``): botocore's
         ``connect_timeout``/``read_timeout``, its retries and s3fs's own off. Other back-ends
-        keep the timeouts given in their ``storage_options``: this storage itself."""
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        if "s3" not in protocols:
+        keep the timeouts given in their ``storage_options``: this storage itself
+        (:mod:`statekeeper.storage.store_clients`)."""
+        options = bounded_options(self.fs, self.options, seconds)
+        if options is None:
             return self
-        options = dict(self.options)
-        config = dict(options.get("config_kwargs") or {})
-        config.update(
-            connect_timeout=seconds,
-            read_timeout=seconds,
-            retries={"max_attempts": 1, "mode": "standard"},
-        )
-        options.update(config_kwargs=config, skip_instance_cache=True)
         bounded = FsspecStorage(self.url, marker=self.marker, **options)
         bounded.fs.retries = 1  # s3fs's own retry loop: one try
         return bounded

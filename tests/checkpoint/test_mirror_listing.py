@@ -65,3 +65,20 @@ def test_the_newest_step_of_a_mirror_costs_listings_that_do_not_grow_with_its_fi
     assert len(listings(many)) == len(listings(few)), (listings(few), listings(many))
     assert not any(f"step_00000000{s}" in r for r in many for s in (1, 2))  # never asked about
     assert not any("other-" in r for r in many)
+
+
+def test_the_top_level_listing_is_never_served_from_a_cache(
+    tmp_path: Path, s3_server: S3Server, proxy: FaultyProxy, bucket: str
+) -> None:
+    remote = sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
+    with sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt:
+        ckpt.save(1, {"w": torch.ones(100)})
+    mirror = sk.Mirror(through(proxy, bucket))
+    with sk.Checkpointer(tmp_path / "node-b", mirror=mirror) as reader:
+        live = {"w": torch.zeros(100)}
+        assert reader.restore_latest(live) == 1  # its client has listed the mirror once
+        other = sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
+        with sk.Checkpointer(tmp_path / "node-c", mirror=sk.Mirror(other)) as writer:
+            writer.save(2, {"w": torch.full((100,), 2.0)})  # another node, meanwhile
+        assert reader.restore_latest(live) == 2
+        assert torch.equal(live["w"], torch.full((100,), 2.0))

@@ -78,27 +78,32 @@ def test_an_uploader_halted_by_close_never_writes_the_journal_nor_the_mirror_aga
     mirror = sk.Mirror(
         through(proxy, bucket), keep=sk.KeepLatest(1), timeout=HANG_GUARD, close_timeout=0.5
     )
+    before = set(threading.enumerate())
     ckpt = sk.Checkpointer(run, mirror=mirror)
     ckpt.save(1, {"w": torch.ones(1000)})
     ckpt.save(2, {"w": torch.full((1000,), 2.0)})
     assert hold.reached.wait(HANG_GUARD)
-    uploading = [t for t in threading.enumerate() if t.name.startswith("statekeeper-")]
+    names = ("statekeeper-mirror", "statekeeper-upload")  # this uploader's threads
+    uploading = [t for t in set(threading.enumerate()) - before if t.name in names]
+    assert uploading
     with pytest.warns(sk.StatekeeperWarning, match=r"close_timeout=0.5.*steps \[1, 2\]"):
         ckpt.close()  # halts the uploader and releases the writer lock
     journal = run / ".statekeeper-uploads.json"
     assert json.loads(journal.read_text())["mirrors"] == {f"s3://{bucket}/run": [1, 2]}
-    # the next owner of the run uploads what was left (no retention of its own)
+    # the next owner of the run uploads what was left, and a step of its own (no retention)
     with sk.Checkpointer(run, mirror=sk.Mirror(direct(s3_server, bucket))) as again:
+        again.save(3, {"w": torch.full((1000,), 3.0)})
         again.wait()
     after = journal.read_bytes()
     assert json.loads(after)["mirrors"] == {}
-    assert steps(direct(s3_server, bucket)) == [1, 2]
+    assert steps(direct(s3_server, bucket)) == [1, 2, 3]
     hold.release()  # the halted uploader's request is answered now
     for thread in uploading:
         thread.join(HANG_GUARD)
         assert not thread.is_alive()
     assert journal.read_bytes() == after  # never written by the halted uploader
-    assert steps(direct(s3_server, bucket)) == [1, 2]  # nor its mirror retention run
+    # nor its mirror retention run (KeepLatest(1) after step 1 would delete step 2 now)
+    assert steps(direct(s3_server, bucket)) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("how", ["close", "exit"])

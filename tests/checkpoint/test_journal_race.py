@@ -22,7 +22,7 @@ def test_a_step_submitted_while_the_thread_writes_the_journal_stays_in_it(
     run, mirror = tmp_path / "run", tmp_path / "mirror"
     state = {"w": torch.zeros(3)}
     ckpt = sk.Checkpointer(run, mirror=sk.Mirror(mirror))
-    uploader: Any = ckpt._uploader
+    uploader: Any = ckpt._tiers.uploader
     real = journal_module.Journal.write
     stale_written, release = threading.Event(), threading.Event()
     thread_writes = 0

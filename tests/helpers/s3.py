@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-__all__ = ["FaultyProxy", "S3Server", "options_for", "pause_after_first_upload"]
+__all__ = ["FaultyProxy", "Hold", "S3Server", "options_for", "pause_after_first_upload"]
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
@@ -110,19 +110,34 @@ class S3Server:
         return name
 
 
+class Hold:
+    """A request :meth:`FaultyProxy.hold_next` keeps: ``reached`` once it arrived, sent on
+    to the server once ``release()`` is called."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+
 class FaultyProxy:
     """A TCP proxy on 127.0.0.1 in front of the S3 server, that can fail requests as a
     network does: ``cut_next(match)`` closes the connection of the next request whose
     request line contains ``match`` (before it reaches the server), ``corrupt_next(match)``
     flips the last byte of the body of the answer to the next such request, ``down()``
     cuts every request until ``up()``, and ``hang()`` makes it a peer that accepts
-    connections and never answers (what it is sent is swallowed). ``requests`` lists the
-    request lines that went through."""
+    connections and never answers (what it is sent is swallowed), ``hold_next(match)``
+    keeps the next such request from the server until its :class:`Hold` is released (a
+    request in flight for as long as a test wants; ``reached`` is set once it arrived).
+    ``requests`` lists the request lines that went through."""
 
     def __init__(self, upstream_port: int) -> None:
         self._upstream = upstream_port
         self._lock = threading.Lock()
         self._faults: list[tuple[str, str]] = []
+        self._holds: list[tuple[str, Hold]] = []
         self._down = False
         self._hung = False
         self.requests: list[str] = []
@@ -146,6 +161,20 @@ class FaultyProxy:
     def corrupt_next(self, match: str) -> None:
         with self._lock:
             self._faults.append(("corrupt", match))
+
+    def hold_next(self, match: str) -> Hold:
+        hold = Hold()
+        with self._lock:
+            self._holds.append((match, hold))
+        return hold
+
+    def _held(self, line: str) -> Hold | None:
+        with self._lock:
+            for i, (match, hold) in enumerate(self._holds):
+                if match in line:
+                    del self._holds[i]
+                    return hold
+        return None
 
     def down(self) -> None:
         self._down = True
@@ -199,7 +228,12 @@ class FaultyProxy:
                     if self._hung:
                         continue  # swallowed from now on
                     if data[:8].split(b" ")[0] in (b"GET", b"PUT", b"HEAD", b"POST", b"DELETE"):
-                        kind = self._fault(data.split(b"\r\n", 1)[0].decode("latin-1"))
+                        line = data.split(b"\r\n", 1)[0].decode("latin-1")
+                        kind = self._fault(line)
+                        hold = self._held(line)
+                        if hold is not None:
+                            hold.reached.set()
+                            hold.released.wait()  # until the test lets it through
                         if kind == "cut":
                             close()
                             return

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from contextlib import ExitStack
 from dataclasses import replace
-from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -20,22 +18,21 @@ from statekeeper.arguments import require_bool
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.damage import DamagedSteps
+from statekeeper.checkpoint.held import Held
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.listing import clean_up, warn_if_foreign
+from statekeeper.checkpoint.listing import warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage
-from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, require_single_process
+from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
 from statekeeper.checkpoint.options import SaveOptions, check_checkpointer_options
 from statekeeper.checkpoint.origin_level import Origin
-from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
-from statekeeper.checkpoint.resume import newest_intact
 from statekeeper.checkpoint.retention import Retainer, RetentionStatus
+from statekeeper.checkpoint.run_tiers import RunTiers
 from statekeeper.checkpoint.save import check_save, save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
-from statekeeper.checkpoint.signals import SignalWatch
-from statekeeper.checkpoint.uploader import Uploader
+from statekeeper.checkpoint.signals import preempt
 from statekeeper.errors import InvalidArgumentError, StatekeeperError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.state.optimizer import OptimizerChange
@@ -91,9 +88,7 @@ class Checkpointer:
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)
-        if mirror is not None:
-            require_single_process(self._distributed)
-        self._uploader = Uploader(self.storage, mirror) if mirror is not None else None
+        self._tiers = RunTiers(self.storage, mirror, self._distributed)
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
         self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
@@ -105,27 +100,23 @@ class Checkpointer:
             shard_bytes=shard_bytes, incremental=incremental, origin=origin, retention=keep
         )
         self._clock = clock
-        self._stack = ExitStack()
-        if self._leader:
-            self._stack.enter_context(writer_lock(self.storage))  # errors name the fix
         self._resumed_from: int | None = None
         self._last_save = clock()
         self._closed = False
-        # owned: its host buffers are reused from one save to the next
-        self._writer = (
-            (collective().async_writer(Staging.REUSE) if self._distributed else AsyncWriter())
-            if async_save
-            else None
-        )
         self.preempted = False
-        signals = signals_of(every)
-        try:
-            self._watch = SignalWatch(signals) if signals else None
-        except BaseException:
-            self._stack.close()  # the writer lock is not kept by a Checkpointer never made
-            raise
-        if self._watch is not None:  # closed first: the handlers installed before come back
-            self._stack.callback(self._watch.close)
+        # the lock first, the uploader and the signal handlers under it (checkpoint/held.py)
+        self._held = Held(
+            self.storage,
+            leader=self._leader,
+            tiers=self._tiers,
+            signals=signals_of(every),
+            writer=(  # owned: its host buffers are reused from one save to the next
+                (collective().async_writer(Staging.REUSE) if self._distributed else AsyncWriter())
+                if async_save
+                else None
+            ),
+        )
+        self._writer, self._watch = self._held.writer, self._held.watch
 
     def _with_rng(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if RNG_ENTRY in state:
@@ -154,12 +145,12 @@ class Checkpointer:
         self._check_open()
         check_assignable(state)
         self._wait_writer()
-        if self._leader:  # interrupted saves go; a set-aside committed copy comes back
-            clean_up(self.storage)
-        tiers = self._uploader  # with a mirror both tiers (checkpoint/tiered.py)
-        restore = partial(newest_intact, [self.storage]) if tiers is None else tiers.restore
-        info = restore(
-            self._with_rng(state), strict=strict, scope=self._scope, change=on_optimizer_change
+        info = self._tiers.restore(
+            self._with_rng(state),
+            leader=self._leader,
+            strict=strict,
+            scope=self._scope,
+            change=on_optimizer_change,
         )
         if self._leader:
             self._damaged.found(None if info is None else info.step)
@@ -195,20 +186,14 @@ class Checkpointer:
     def _preempt(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None, saved: bool
     ) -> CheckpointInfo | None:
-        """A watched signal came (here or on another rank): save ``step`` now, synchronously,
-        after any background save (whose failure is raised once this state is safe); then
-        the handler that was installed before runs."""
-        failure: BaseException | None = None
-        try:
-            self._wait_writer()
-        except Exception as exc:
-            failure = exc
-        info = None if saved else self._save(step, state, metrics, writer=None)
-        self.preempted = True
-        if self._watch is not None:  # the previous handler runs once this state is safe
-            self._watch.chain(run_previous=failure is None)
-        if failure is not None:
-            raise failure
+        """Save ``step`` now, synchronously (``checkpoint/signals.py``: :func:`preempt`)."""
+
+        def now() -> CheckpointInfo | PendingSave | None:
+            info = None if saved else self._save(step, state, metrics, writer=None)
+            self.preempted = True
+            return info
+
+        info = preempt(self._watch, self._wait_writer, now)
         return info if isinstance(info, CheckpointInfo) or info is None else info.wait()
 
     def save(
@@ -235,8 +220,7 @@ class Checkpointer:
         overwrite: bool = False,
     ) -> CheckpointInfo | PendingSave:
         self._check_open()
-        if self._uploader is not None:
-            self._uploader.warn_new_failures()
+        self._tiers.before_save()
         full = self._with_rng(state)
         if is_distributed(self._scope, full) and not self._distributed:
             writer = None  # made before the process group: its writer is a local one
@@ -264,21 +248,18 @@ class Checkpointer:
     def _retention(self, info: CheckpointInfo) -> None:
         if self._leader:  # in a job, rank 0 applies retention for everyone; never fails
             self._retainer.apply(info.step, self._protected())  # a committed save: it warns
-        if self._uploader is not None:  # torch.distributed may have begun since __init__
-            require_single_process(is_distributed(self._scope), info.step)
-            self._uploader.submit(info.step)  # last: the upload starts as the save returns
+        self._tiers.committed(info.step, self._scope)  # last: the upload starts now
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background save, then for the uploads to the mirror; raise the save's
         error, then ``MirrorError`` for uploads that failed (no-op when there is neither)."""
         info = None if self._writer is None else self._writer.wait()
-        if self._uploader is not None:
-            self._uploader.wait()
+        self._tiers.wait()
         return info
 
     def mirror_status(self) -> MirrorStatus | None:
         """Where the uploads to the mirror stand (None without a mirror)."""
-        return None if self._uploader is None else self._uploader.status()
+        return self._tiers.status()
 
     def _wait_writer(self) -> None:
         """Wait for a background save only (a pre-emption or a resume never waits for the
@@ -290,7 +271,7 @@ class Checkpointer:
         """Steps retention keeps besides the new one: the step resumed from, and those
         waiting for their upload."""
         resumed = set() if self._resumed_from is None else {self._resumed_from}
-        return resumed | (set() if self._uploader is None else self._uploader.pending())
+        return resumed | self._tiers.pending()
 
     def retention_status(self) -> RetentionStatus:
         """The steps retention could not remove yet, with why (tried again at every save);
@@ -311,18 +292,7 @@ class Checkpointer:
         if self._closed:
             return
         self._closed = True
-        try:
-            try:
-                if self._writer is not None:
-                    self._writer.close()  # waits, and stops the writer's thread
-            except BaseException:
-                if self._uploader is not None:
-                    self._uploader.finish(quiet=True)
-                raise
-            if self._uploader is not None:
-                self._uploader.finish(quiet=quiet_uploads)
-        finally:
-            self._stack.close()  # the signal handlers, then the writer lock
+        self._held.close(quiet_uploads=quiet_uploads)
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -17,13 +17,16 @@ from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.checkpoint.reader import PendingStep, Progress, read_step
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.errors import (
+    CorruptCheckpointError,
     InvalidArgumentError,
     KeyMismatchError,
     LoadStateError,
     StatekeeperWarning,
     user_stacklevel,
 )
+from statekeeper.format.manifest import MANIFEST
 from statekeeper.state.optimizer import OptimizerChange
+from statekeeper.storage.base import fingerprint_of
 
 __all__ = [
     "Strict",
@@ -113,6 +116,22 @@ def load(
     return info
 
 
+def load_located(
+    location: Location,
+    state: Mapping[str, Any],
+    *,
+    strict: Strict,
+    on_optimizer_change: OptimizerChange,
+) -> RestoreInfo:
+    """:func:`load` of a step already located (one process): no listing of its run."""
+    check_assignable(state)
+    with collector_paused():
+        info = _load_local(location, state, RestoreOptions(strict, on_optimizer_change, None))
+    if isinstance(state, MutableMapping):
+        state.update(info.values)
+    return info
+
+
 def _plan(prepared: dict[str, Any], ctx: Restoring) -> tuple[dict[str, Any], list[str]]:
     """Each entry's value to restore (optimizer state made positional) and every mismatch.
     Pure: it inspects the live state and loads nothing (modules whose direct copy plan
@@ -128,6 +147,24 @@ def _plan(prepared: dict[str, Any], ctx: Restoring) -> tuple[dict[str, Any], lis
 
 
 def _load_local(
+    location: Location, state: Mapping[str, Any], options: RestoreOptions
+) -> RestoreInfo:
+    """Load the step once; once more where it failed its checks because another process
+    saved the step again meanwhile (``overwrite=True``: the manifest and the files read may
+    then be of two versions), told by its manifest's fingerprint (inode, ETag) having
+    changed since before the read. A damage that is not such a race is raised as it is."""
+    storage, entry = location.storage, location.entry
+    seen = fingerprint_of(storage, entry, MANIFEST)
+    try:
+        return _load_once(location, state, options)
+    except CorruptCheckpointError:
+        now = fingerprint_of(storage, entry, MANIFEST)
+        if seen is None or now is None or now == seen:
+            raise
+    return _load_once(Location(storage, entry, location.step), state, options)
+
+
+def _load_once(
     location: Location, state: Mapping[str, Any], options: RestoreOptions
 ) -> RestoreInfo:
     ctx = Restoring(state, options.strict, options.change)

@@ -16,11 +16,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from statekeeper.checkpoint.location import resolve_storage
+from statekeeper.checkpoint.mirror import Mirror
 from statekeeper.checkpoint.upload import Transfer
-from statekeeper.errors import StorageError
+from statekeeper.errors import InvalidArgumentError, StorageError
 from statekeeper.storage.base import Capabilities, Storage, Transaction, capabilities_of
+from statekeeper.storage.fsspec import FsspecStorage
+from statekeeper.storage.places import same_place
 
-__all__ = ["Retrying", "within"]
+__all__ = ["Retrying", "mirror_storage", "within"]
 
 T = TypeVar("T")
 
@@ -50,6 +54,16 @@ class Retrying:
     def files(self, entry: str) -> list[str]:
         return self._transfer.attempt(lambda: self.storage.files(entry))
 
+    def top_level(self) -> list[str] | None:
+        """The storage's ``top_level()`` (see :mod:`statekeeper.checkpoint.candidates`),
+        or None where it has none."""
+        top = getattr(self.storage, "top_level", None)
+        return None if not callable(top) else list(self._transfer.attempt(top))
+
+    def is_committed(self, entry: str) -> bool:
+        check = getattr(self.storage, "is_committed", None)
+        return True if not callable(check) else bool(self._transfer.attempt(lambda: check(entry)))
+
     def read(self, entry: str, name: str) -> Any:
         return self._transfer.attempt(lambda: self.storage.read(entry, name))
 
@@ -60,10 +74,24 @@ class Retrying:
         return self.storage.begin(entry, replace=replace)
 
     def remove(self, entry: str) -> None:
-        self.storage.remove(entry)
+        self._transfer.attempt(lambda: self.storage.remove(entry))  # none once stopped
 
     def writer_lock(self) -> AbstractContextManager[None]:
         return self.storage.writer_lock()
+
+
+def mirror_storage(local: Storage, mirror: Mirror) -> Storage:
+    """The storage of ``mirror.target``: refused where it is ``local`` itself (however
+    spelled); an fsspec store through a client whose requests are bounded by
+    ``Mirror.timeout`` (:meth:`FsspecStorage.with_timeout`: S3)."""
+    remote = resolve_storage(mirror.target)
+    if same_place(remote, local):
+        raise InvalidArgumentError(
+            f"the mirror {remote.describe()} is the run directory {local.describe()} "
+            "itself (the same directory, however spelled): its retention would delete "
+            "the run's own steps. Mirror to another storage"
+        )
+    return remote.with_timeout(mirror.timeout) if isinstance(remote, FsspecStorage) else remote
 
 
 def within(seconds: float, call: Callable[[], T], what: str) -> T:

@@ -34,11 +34,13 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from statekeeper.errors import InvalidArgumentError, StatekeeperWarning, user_stacklevel
 
-__all__ = ["SignalWatch", "ignore_after_preemption", "signal_of"]
+__all__ = ["SignalWatch", "ignore_after_preemption", "preempt", "signal_of"]
+
+T = TypeVar("T")
 
 _CANNOT = {signal.SIGKILL, signal.SIGSTOP}
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -170,3 +172,20 @@ class SignalWatch:
         if self.served and (previous is None or previous == signal.SIG_DFL):
             return ignore_after_preemption
         return previous if previous is not None else signal.SIG_DFL
+
+
+def preempt(watch: SignalWatch | None, wait_writer: Callable[[], None], save: Callable[[], T]) -> T:
+    """A watched signal came (here, ``watch``, or on another rank): ``save()`` now, after
+    any background save (``wait_writer``: its failure is raised once this state is safe);
+    then the handler that was installed before runs (not after such a failure)."""
+    failure: BaseException | None = None
+    try:
+        wait_writer()
+    except Exception as exc:
+        failure = exc
+    saved = save()
+    if watch is not None:  # the previous handler runs once this state is safe
+        watch.chain(run_previous=failure is None)
+    if failure is not None:
+        raise failure
+    return saved

@@ -1,11 +1,13 @@
 """Resuming from the newest step of two tiers: the local one and its mirror.
 
-What is newest is decided from both listings. The mirror's is retried with backoff, each
-request bounded by ``Mirror.timeout``; a mirror that cannot be listed is never taken for an
-empty one:
+What is newest is decided from both listings. The mirror's is one listing of its top level
+(:mod:`statekeeper.checkpoint.candidates`: its cost does not grow with what the steps hold
+nor with prefixes that are no step), and each step's commit marker is asked for only when
+that step is tried. It is retried with backoff, each request bounded by ``Mirror.timeout``;
+a mirror that cannot be listed is never taken for an empty one:
 
-- with steps on the local tier, the mirror is given ``Mirror.timeout`` seconds in all to
-  answer; without an answer the local tier's newest step is loaded, with a warning that a
+- with steps on the local tier, the mirror's listing is given ``Mirror.timeout`` seconds in
+  all to answer; without an answer the local tier's newest step is loaded, with a warning that a
   newer step only the mirror may hold (from another node) was not looked for;
 - with an empty local tier, ``MirrorError`` is raised after the retries: a run is never
   started from scratch because its mirror did not answer.
@@ -25,9 +27,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from statekeeper.checkpoint.candidates import Candidate, candidates, committed_name
 from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.load import Strict, load
-from statekeeper.checkpoint.location import committed
+from statekeeper.checkpoint.load import Strict, load, load_located
+from statekeeper.checkpoint.location import Location, committed
 from statekeeper.checkpoint.mirror import Mirror
 from statekeeper.checkpoint.remote import within
 from statekeeper.checkpoint.scope import Scope
@@ -50,8 +53,8 @@ def _warn(message: str) -> None:
 
 def _mirror_steps(
     local: Storage, local_steps: list[int], remote: Storage, mirror: Mirror
-) -> list[int] | None:
-    """The mirror's committed steps; None (warned about) when it did not answer in time
+) -> list[Candidate] | None:
+    """The steps the mirror may hold; None (warned about) when it did not answer in time
     and the local tier has steps of its own."""
     where = remote.describe()
     if local_steps:
@@ -59,7 +62,7 @@ def _mirror_steps(
     else:  # every retry, each request bounded by the client: a backstop only
         bound = (mirror.retries + 2) * mirror.timeout + mirror.backoff * 2**mirror.retries
     try:
-        return within(bound, lambda: [p.step for p in committed(remote)], f"listing {where}")
+        return within(bound, lambda: candidates(remote), f"listing {where}")
     except OSError as exc:  # a store's StorageError, or a local disk's own (a mount gone)
         if local_steps:
             _warn(
@@ -79,14 +82,19 @@ def _mirror_steps(
 
 
 def _download(
-    remote: Storage, step: int, mirror: Mirror, state: Mapping[str, Any], **options: Any
+    remote: Storage, found: Candidate, mirror: Mirror, state: Mapping[str, Any], **options: Any
 ) -> RestoreInfo | None:
-    """Load ``step`` from the mirror; None (warned about) when it is gone or every copy
-    read was damaged."""
+    """Load the step ``found`` from the mirror; None when it is not committed there (an
+    upload in progress, or cut), or (warned about) when it is gone or every copy read was
+    damaged."""
     last: CheckpointUnreadableError | None = None
+    step = found.step
     for attempt in range(mirror.retries + 1):
         try:
-            return load(remote, state, step=step, **options)
+            name = committed_name(remote, found)  # each request retried already
+            if name is None:
+                return None
+            return load_located(Location(remote, name, step), state, **options)
         except StepNotFoundError as exc:
             _warn(f"skipping deleted step {step} of {remote.describe()}: {exc}")
             return None
@@ -121,20 +129,20 @@ def newest_of_tiers(
     """Load into ``state`` the newest step intact on ``local`` or ``remote`` (see the module
     docstring); None when neither tier holds one."""
     local_steps = [p.step for p in committed(local)]
-    remote_steps = _mirror_steps(local, local_steps, remote, mirror) or []
-    candidates = sorted(
-        [(s, 0) for s in local_steps] + [(s, 1) for s in remote_steps],
+    remote_found = {c.step: c for c in _mirror_steps(local, local_steps, remote, mirror) or []}
+    tried = sorted(
+        [(s, 0) for s in local_steps] + [(s, 1) for s in remote_found],
         key=lambda c: (-c[0], c[1]),
     )
-    options: dict[str, Any] = {"strict": strict, "scope": scope, "on_optimizer_change": change}
-    for step, tier in candidates:
+    options: dict[str, Any] = {"strict": strict, "on_optimizer_change": change}
+    for step, tier in tried:
         if tier == 1:
-            info = _download(remote, step, mirror, state, **options)
+            info = _download(remote, remote_found[step], mirror, state, **options)
             if info is not None:
                 return info
             continue
         try:
-            return load(local, state, step=step, **options)
+            return load(local, state, step=step, scope=scope, **options)
         except (CheckpointUnreadableError, StepNotFoundError) as exc:
             what = "deleted" if isinstance(exc, StepNotFoundError) else "damaged"
             _warn(f"skipping {what} step {step} of {local.describe()}: {exc}")

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 from statekeeper.checkpoint.incremental import Reuser, previous_step
@@ -26,7 +27,7 @@ from statekeeper.format.checksum import Buffer, Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest
 from statekeeper.storage.base import Storage, Transaction
 
-__all__ = ["Transfer", "upload_step"]
+__all__ = ["Transfer", "run_all", "upload_step"]
 
 _PIECE = 8 << 20  # bytes handed to the store per write call
 T = TypeVar("T")
@@ -95,6 +96,39 @@ def _copy(
     transfer.attempt(once)
 
 
+def run_all(jobs: list[Callable[[], None]], concurrency: int) -> None:
+    """Run ``jobs``, at most ``concurrency`` at once, on daemon threads of their own (not a
+    ``concurrent.futures`` pool, whose threads interpreter exit joins: a request that hangs
+    and cannot be interrupted never holds the process); no job is begun after one failed.
+    Returns once all begun have ended; raises the first failure."""
+    waiting = deque(jobs)
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if failures or not waiting:
+                    return
+                job = waiting.popleft()
+            try:
+                job()
+            except BaseException as exc:  # raised by run_all, in the caller's thread
+                with lock:
+                    failures.append(exc)
+
+    threads = [
+        threading.Thread(target=work, name="statekeeper-upload", daemon=True)
+        for _ in range(min(concurrency, len(jobs)))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+
+
 def _same_there(remote: Storage, entry: str, manifest_bytes: bytes, transfer: Transfer) -> bool:
     """Whether ``remote`` holds the step with these manifest bytes. A read that keeps
     failing raises: a committed copy is never replaced on a guess."""
@@ -123,17 +157,18 @@ def upload_step(local: Storage, remote: Storage, step: int, transfer: Transfer) 
         try:
             previous = transfer.attempt(lambda: previous_step(remote, step))
             reuser = Reuser(remote, txn, previous, {})
-            with ThreadPoolExecutor(transfer.concurrency, "statekeeper-upload") as pool:
-                jobs = [
-                    pool.submit(_copy, local, txn, reuser, entry, name, record, transfer)
+            run_all(
+                [
+                    partial(_copy, local, txn, reuser, entry, name, record, transfer)
                     for name, record in sorted(manifest.files.items())
-                ]
-                for job in jobs:
-                    job.result()
+                ],
+                transfer.concurrency,
+            )
             transfer.attempt(lambda: txn.write(MANIFEST, manifest_bytes))
             transfer.attempt(txn.commit)
         except BaseException:
-            txn.abort()
+            if not transfer.stop.is_set():  # stopped: the run may be another process's now
+                txn.abort()
             raise
     reuser.committed(entry, dict(manifest.files), {})
     return True

@@ -5,19 +5,20 @@ The steps not uploaded yet are recorded in the run directory's upload journal
 (:mod:`statekeeper.checkpoint.journal`): a process killed mid-upload leaves them there, and
 the next uploader for the same mirror queues them first (its local retention keeps them
 until they are uploaded). ``finish`` (``close()``) waits at most ``Mirror.close_timeout``
-seconds and stops at the first upload that fails while closing; what is still waiting then
-is warned about and stays in the journal. A process that ends without ``close()`` does the
-same at interpreter exit, before ``concurrent.futures`` refuses new work.
+seconds, whatever the back-end (a request that hangs and cannot be interrupted included:
+the uploads run on daemon threads that never hold the process), and stops at the first
+upload that fails while closing; what is still waiting then is warned about and stays in
+the journal. From then on the uploader changes nothing of the run (no journal write, no
+request begun, no retention on the mirror): the next owner of the run may already be at
+work. A process that ends without ``close()`` does the same at interpreter exit
+(:mod:`statekeeper.checkpoint.upload_hooks`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401  its exit hook first: ours is run before it
-import os
 import threading
 import time
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -25,29 +26,30 @@ from typing import Any
 from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.journal import Journal
 from statekeeper.checkpoint.load import Strict
-from statekeeper.checkpoint.location import committed, resolve_storage
+from statekeeper.checkpoint.location import committed
 from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
-from statekeeper.checkpoint.remote import Retrying
+from statekeeper.checkpoint.remote import Retrying, mirror_storage
 from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.checkpoint.tiered import newest_of_tiers
 from statekeeper.checkpoint.upload import Transfer, upload_step
+from statekeeper.checkpoint.upload_hooks import track
+from statekeeper.checkpoint.upload_reports import (
+    RETRY_STEPS,
+    failed_uploads,
+    warn_failure,
+    warn_gone,
+    warn_left,
+    warn_retention,
+)
 from statekeeper.errors import (
-    InvalidArgumentError,
     MirrorError,
     StatekeeperWarning,
-    user_stacklevel,
 )
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.storage.base import Storage
-from statekeeper.storage.fsspec import FsspecStorage
-from statekeeper.storage.places import same_place
 
 __all__ = ["RETRY_STEPS", "Uploader"]
-
-RETRY_STEPS = 3
-"""How many times in all a step's upload is tried in one process (once, then with each of
-the next saves)."""
 
 
 class Uploader:
@@ -56,22 +58,15 @@ class Uploader:
     def __init__(self, local: Storage, mirror: Mirror) -> None:
         self.local = local
         self.mirror = mirror
-        remote = resolve_storage(mirror.target)
-        if same_place(remote, local):
-            raise InvalidArgumentError(
-                f"the mirror {remote.describe()} is the run directory {local.describe()} "
-                "itself (the same directory, however spelled): its retention would delete "
-                "the run's own steps. Mirror to another storage"
-            )
-        if isinstance(remote, FsspecStorage):
-            remote = remote.with_timeout(mirror.timeout)
-        self.remote = remote
+        self.remote = remote = mirror_storage(local, mirror)
         self.reader = Retrying(remote, Transfer(1, mirror.retries, mirror.backoff))
         self.journal = Journal(local, remote.describe())
-        self._journal_lock = threading.Lock()
+        # held while the thread changes the run (the journal, the mirror's retention): once
+        # ``_disowned`` is set under it, nothing of the run is changed by this uploader again
+        self._owner_lock = threading.Lock()
         self._reset()
         self._resume()
-        _uploaders.add(self)
+        track(self)  # checkpoint/upload_hooks.py: interpreter exit, fork
 
     def _reset(self) -> None:
         self._cond = threading.Condition()
@@ -87,6 +82,7 @@ class Uploader:
         self._closing = False  # while closing, a failed upload stops the ones after it
         self._halted = False
         self._finished = False
+        self._disowned = False  # closed: the run (its lock, its journal) is no longer ours
 
     def _resume(self) -> None:
         """Queue the steps an earlier process left in the journal (uploaded from the next
@@ -98,21 +94,17 @@ class Uploader:
         present = {p.step for p in committed(self.local)}
         gone = sorted(waiting - present)
         if gone:
-            warnings.warn(
-                f"statekeeper: steps {gone} of {self.local.describe()} were waiting for their "
-                f"upload to {self.remote.describe()} but are no longer on the local tier: "
-                "they cannot be uploaded (check that the mirror holds what it should)",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
+            warn_gone(gone, self.local.describe(), self.remote.describe())
         self._queue.extend(sorted(waiting & present))
 
     def _record(self) -> None:
         """The journal follows what is waiting (called without the condition held). The
         set is taken and written under one lock: a writer that saw an older set (the
-        thread, before a save queued a step) never writes it over a newer one."""
-        with self._journal_lock:
-            self.journal.write(self.pending())
+        thread, before a save queued a step) never writes it over a newer one; once
+        :meth:`finish` disowned the run, never again (the next owner's journal is its own)."""
+        with self._owner_lock:
+            if not self._disowned:
+                self.journal.write(self.pending())
 
     def _start(self) -> None:
         """Start the thread when there is work and none runs (the condition is held)."""
@@ -173,18 +165,11 @@ class Uploader:
             found, self._unwarned = self._unwarned, []
             failures = [(s, self._failed[s]) for s in found if s in self._failed]
         for step, exc in failures:
-            warnings.warn(
-                f"statekeeper: uploading step {step} to {self.remote.describe()} failed "
-                f"({type(exc).__name__}: {exc}); the step stays on the local tier and its "
-                "upload is tried again with the next save; wait()/close() raise it",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
+            warn_failure(step, self.remote.describe(), exc)
 
-    def _idle(self, seconds: float | None) -> bool:
-        """Wait until the thread has ended (nothing queued, or halted); False when
-        ``seconds`` passed first."""
-        deadline = None if seconds is None else time.monotonic() + seconds
+    def _idle(self, deadline: float | None) -> bool:
+        """Wait until the thread has ended (nothing queued, or halted); False when the
+        ``time.monotonic()`` ``deadline`` passed first."""
         with self._cond:
             self._start()
             while self._thread is not None:
@@ -199,14 +184,7 @@ class Uploader:
             failed, self._unreported = self._unreported, []
             errors = [(s, self._failed[s]) for s in failed if s in self._failed]
         if errors:
-            detail = "; ".join(f"step {s}: {type(e).__name__}: {e}" for s, e in errors)
-            raise MirrorError(
-                f"uploading to {self.remote.describe()} failed ({detail}). Later steps were "
-                "uploaded as usual; a failed step stays on the local tier while its upload "
-                f"is tried again (with each of the next {RETRY_STEPS} saves, and by the next "
-                "process, from the upload journal)",
-                [s for s, _ in errors],
-            ) from errors[-1][1]
+            raise failed_uploads(self.remote.describe(), errors) from errors[-1][1]
 
     def wait(self) -> None:
         """Wait until every submitted step is uploaded or has failed; raise ``MirrorError``
@@ -222,27 +200,14 @@ class Uploader:
         with self._cond:
             self._closing = True
             self._finished = True
-        finished = self._idle(self.mirror.close_timeout)
-        if not finished:
-            self._transfer.stop.set()  # no further request: the journal keeps the steps
-            with self._cond:
-                self._halted = True
-        with self._cond:  # not tried (a failure is raised below, named there)
-            left = sorted({*self._queue, *([] if self._uploading is None else [self._uploading])})
+        bound = self.mirror.close_timeout
+        deadline = None if bound is None else time.monotonic() + bound
+        finished = self._idle(deadline)
+        settled, left = self._disown(deadline)
         if left:
-            reason = (
-                f"did not finish within Mirror(close_timeout={self.mirror.close_timeout:g}) s"
-                if not finished
-                else "stopped after an upload failed"
-            )
-            warnings.warn(
-                f"statekeeper: {why}: the uploads to {self.remote.describe()} {reason}; steps "
-                f"{left} are not on the mirror. They stay on the local tier and in its upload "
-                f"journal ({self.journal.where()}): the next Checkpointer with this mirror "
-                "uploads them (Mirror(close_timeout=None) makes close() wait for them)",
-                StatekeeperWarning,
-                stacklevel=user_stacklevel(),
-            )
+            timeout = None if finished else bound
+            where = self.journal.where()
+            warn_left(why, self.remote.describe(), where, left, timeout, settled)
         try:
             self._raise_failures()
         except MirrorError as exc:
@@ -250,7 +215,27 @@ class Uploader:
                 raise
             warnings.warn(f"statekeeper: {exc}", StatekeeperWarning, stacklevel=2)
 
-    def _at_exit(self) -> None:
+    def _disown(self, deadline: float | None) -> tuple[bool, list[int]]:
+        """From now on nothing of the run is changed by this uploader (the writer lock is
+        released next): no request is begun or retried, the journal is never written and
+        the mirror's retention never runs again, whatever the thread still waits for (a
+        request that cannot be interrupted). False when a change of the run the thread
+        had begun was still going on at ``deadline`` (it is not waited for longer); and the
+        steps not tried or not done then (a failure is raised by ``finish``, named there)."""
+        self._transfer.stop.set()
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        settled = self._owner_lock.acquire(timeout=wait)
+        try:
+            with self._cond:
+                self._disowned = self._halted = True
+                current = [] if self._uploading is None else [self._uploading]
+                left = sorted({*self._queue, *current})
+        finally:
+            if settled:
+                self._owner_lock.release()
+        return settled, left
+
+    def at_exit(self) -> None:
         """Interpreter exit without ``close()``: finish (or report) what was started."""
         with self._cond:
             started = self._thread is not None or bool(self._unreported)
@@ -278,10 +263,16 @@ class Uploader:
         error: BaseException | None = None
         try:
             upload_step(self.local, self.remote, step, self._transfer)
-            self._retain(step)  # before wait() can return: the tier is as it will stay
+            with self._owner_lock:  # before wait() can return: the tier is as it will stay
+                if not self._disowned:
+                    self._retain(step)
         except Exception as exc:  # kept, warned about and raised by wait(): never lost
             error = exc
         with self._cond:
+            if self._disowned:  # closed meanwhile: what the journal says stays as it is
+                self._uploading = None
+                self._cond.notify_all()
+                return False
             self._uploading = None
             if error is None:
                 self._failed.pop(step, None)
@@ -300,36 +291,13 @@ class Uploader:
         """The mirror's retention; a failure there is warned about (the step is uploaded)."""
         if self.mirror.keep is None:
             return
-        try:
-            apply_retention(self.remote, self.mirror.keep, protect={step})
+        try:  # each removal checks that the uploads were not stopped meanwhile
+            apply_retention(Retrying(self.remote, self._transfer), self.mirror.keep, {step})
         except Exception as exc:  # a policy's own bug included: the upload stands
-            warnings.warn(
-                f"statekeeper: retention on the mirror {self.remote.describe()} failed after "
-                f"step {step} ({exc}); it runs again after the next upload",
-                StatekeeperWarning,
-                stacklevel=2,
-            )
+            warn_retention(self.remote.describe(), step, exc)
 
-
-_uploaders: weakref.WeakSet[Uploader] = weakref.WeakSet()
-
-
-def _finish_at_exit() -> None:
-    for uploader in list(_uploaders):
-        uploader._at_exit()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has none of its parent's threads: its uploaders start afresh and
-    never write the journal (the parent goes on uploading what it had queued)."""
-    for uploader in list(_uploaders):
-        uploader._reset()
-        uploader.journal.enabled = False
-
-
-# run by threading's shutdown, before concurrent.futures' own hook (registered earlier: the
-# hooks run last-registered first), so that the uploads' thread pools still take work
-threading._register_atexit(_finish_at_exit)  # type: ignore[attr-defined]
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    def after_fork_in_child(self) -> None:
+        """A forked child has none of its parent's threads: it starts afresh and never
+        writes the journal (the parent goes on uploading what it had queued)."""
+        self._reset()
+        self.journal.enabled = False

@@ -12,8 +12,9 @@ either complete or absent.
 Limits, compared with :class:`~statekeeper.storage.local.LocalStorage`:
 - the writer lock is held for this process only: object stores give no portable exclusive
   lock, so keep one writing job per run directory;
-- ``begin(entry, replace=True)`` first removes the marker of the committed entry, then its
-  files: a crash during such an overwrite loses that step (the other steps stay intact).
+- ``begin(entry, replace=True)`` first copies the committed entry aside, by the store
+  (:mod:`statekeeper.storage.store_replace`): readers find that copy while the new version
+  is written, and recovery puts it back after a crash; an overwrite costs that copy.
 
 ``fsspec`` is an optional dependency (``pip install statekeeper[fsspec]``; ``[s3]`` and
 ``[gcs]`` add the ``s3fs``/``gcsfs`` back-ends).
@@ -28,36 +29,19 @@ from typing import Any
 
 from statekeeper.errors import (
     CorruptCheckpointError,
-    InvalidArgumentError,
     StatekeeperError,
     StorageError,
 )
 from statekeeper.storage.base import Capabilities, EntryWriter
 from statekeeper.storage.files import check_name
+from statekeeper.storage.store_clients import bounded_options, filesystem
 from statekeeper.storage.store_errors import Produced, guarded, translated
+from statekeeper.storage.store_replace import recover, set_aside
 
 __all__ = ["INCOMPLETE", "FsspecStorage"]
 
 INCOMPLETE = ".partial-0"
 """Suffix under which an entry without its commit marker is reported."""
-
-
-def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
-    try:
-        import fsspec
-    except ImportError:
-        raise InvalidArgumentError(
-            f"{url}: URLs need the optional dependency fsspec: pip install 'statekeeper[fsspec]' "
-            "(and s3fs or gcsfs for s3:// and gs://)"
-        ) from None
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as exc:
-        raise InvalidArgumentError(
-            f"{url}: no usable fsspec back-end for this URL ({exc}); install the package that "
-            "provides it (s3fs for s3://, gcsfs for gs://)"
-        ) from None
-    return fs, str(root).rstrip("/")
 
 
 class _FsspecFiles(EntryWriter):
@@ -66,10 +50,13 @@ class _FsspecFiles(EntryWriter):
     def where(self, name: str = "", *_: Any) -> str:
         return self._storage.describe(self._final, name)
 
-    def __init__(self, storage: FsspecStorage, final: str, owner: bool) -> None:
+    def __init__(
+        self, storage: FsspecStorage, final: str, owner: bool, aside: str | None = None
+    ) -> None:
         self._storage = storage
         self._final = final
         self._owner = owner
+        self._aside = aside  # the old copy an overwrite set aside: superseded at the commit
         self._done = False
         self._entry = final + INCOMPLETE
 
@@ -106,10 +93,15 @@ class _FsspecFiles(EntryWriter):
         if not self._storage.fs.exists(marker):
             raise StorageError(None, f"cannot commit {marker}: the commit marker was not written")
         self._done = True
+        if self._aside is not None:  # superseded; a leftover cleaned up later if this fails
+            with suppress(StorageError, FileNotFoundError):
+                self._storage.remove(self._aside)
 
     def abort(self) -> None:
         """Remove what was written, as far as the store lets it now: an entry left behind
-        has no commit marker, is listed as partial and never read (``remove_partial``)."""
+        has no commit marker, is listed as partial and never read (``remove_partial``).
+        The copy an overwrite set aside stays: it is the committed entry until recovery
+        (``restore_latest``, ``remove_partial``) puts it back."""
         if self._owner and not self._done:
             self._done = True
             with suppress(StorageError, FileNotFoundError):
@@ -128,7 +120,7 @@ class FsspecStorage:
         self.url = url.rstrip("/") + ("//" if url.rstrip("/").endswith(":") else "")
         self.marker = marker
         self.options = dict(storage_options)
-        self.fs, self.root = _filesystem(url, storage_options)
+        self.fs, self.root = filesystem(url, storage_options)
         self._mutex = threading.Lock()
         self._depth = 0
 
@@ -152,18 +144,11 @@ class FsspecStorage:
         ``seconds`` without progress (to connect, and between two reads of an answer) and is
         tried once (the caller retries). Applied to s3fs (``s3://``): botocore's
         ``connect_timeout``/``read_timeout``, its retries and s3fs's own off. Other back-ends
-        keep the timeouts given in their ``storage_options``: this storage itself."""
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        if "s3" not in protocols:
+        keep the timeouts given in their ``storage_options``: this storage itself
+        (:mod:`statekeeper.storage.store_clients`)."""
+        options = bounded_options(self.fs, self.options, seconds)
+        if options is None:
             return self
-        options = dict(self.options)
-        config = dict(options.get("config_kwargs") or {})
-        config.update(
-            connect_timeout=seconds,
-            read_timeout=seconds,
-            retries={"max_attempts": 1, "mode": "standard"},
-        )
-        options.update(config_kwargs=config, skip_instance_cache=True)
         bounded = FsspecStorage(self.url, marker=self.marker, **options)
         bounded.fs.retries = 1  # s3fs's own retry loop: one try
         return bounded
@@ -200,6 +185,29 @@ class FsspecStorage:
                 names.add(head)
                 marked.add(head)
         return sorted(n if n in marked else n + INCOMPLETE for n in names)
+
+    @translated("listing")
+    def top_level(self) -> list[str]:
+        """The names of the entries directly under the run directory, from one listing of
+        that level only (an object store's delimited listing: a page per 1,000 names,
+        whatever the entries hold), never served from a cache. Unlike :meth:`entries` it
+        does not say which are committed: :meth:`is_committed` asks, one request an entry,
+        for the entries a caller needs (the newest step, on a resume)."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            listed = self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        names = (str(i["name"]).rstrip("/").rsplit("/", 1)[-1] for i in listed)
+        kinds = (i.get("type") for i in listed)
+        return sorted(n for n, kind in zip(names, kinds, strict=True) if kind == "directory")
+
+    @translated("looking for")
+    def is_committed(self, entry: str) -> bool:
+        """Whether ``entry`` holds its commit marker now (one request, never cached)."""
+        marker = self.path(self._real(entry), self.marker)
+        self.fs.invalidate_cache(marker)
+        return bool(self.fs.exists(marker))
 
     @translated("listing")
     def files(self, entry: str) -> list[str]:
@@ -252,11 +260,19 @@ class FsspecStorage:
     @translated("beginning")
     def begin(self, entry: str, *, replace: bool = False) -> _FsspecFiles:
         base = self.path(entry)
+        aside = None
         if self.fs.exists(base):
-            if self.fs.exists(self.path(entry, self.marker)) and not replace:
-                raise StorageError(None, f"{self.describe(entry)} is committed already")
+            if self.is_committed(entry):
+                if not replace:
+                    raise StorageError(None, f"{self.describe(entry)} is committed already")
+                aside = set_aside(self, entry)  # committed before the old copy is touched
             self.remove(entry)  # an interrupted earlier save, or the step being replaced
-        return _FsspecFiles(self, entry, owner=True)
+        return _FsspecFiles(self, entry, owner=True, aside=aside)
+
+    def recover(self) -> list[str]:
+        """Under the writer lock: put back the entries an interrupted overwrite set aside
+        (:func:`statekeeper.storage.store_replace.recover`)."""
+        return recover(self)
 
     def attach(self, entry: str) -> _FsspecFiles:
         """Write files into the in-progress ``entry`` that another process began."""

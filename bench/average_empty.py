@@ -2,9 +2,9 @@
 
 Run as ``python -m bench.average_empty N [step|safetensors] [same|distinct|one]``:
 
-- it writes checkpoints of N empty float32 tensors, as statekeeper steps or as safetensors
-  files: ``same`` averages one checkpoint given twice (``A A``), ``distinct`` two equal
-  checkpoints in two places (``A B``), ``one`` a single input;
+- a child process writes checkpoints of N empty float32 tensors, as statekeeper steps or
+  as safetensors files: ``same`` averages one checkpoint given twice (``A A``),
+  ``distinct`` two equal checkpoints in two places (``A B``), ``one`` a single input;
 - it runs ``statekeeper average INPUTS -o OUT`` in a child process, and the peer in another:
   a child that reads every input with ``safetensors.torch.load_file`` and writes one output
   with ``save_file`` (the reference library's own read and write of the same tensors, no
@@ -24,11 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
-
-import statekeeper as sk
 
 _PEAK = """
 import resource, sys
@@ -59,6 +54,21 @@ save_file(tensors, out)
 )
 
 
+_MAKE = """
+import sys
+from pathlib import Path
+import torch
+from safetensors.torch import save_file
+import statekeeper as sk
+count, kind, tmp, *places = sys.argv[1:]
+tensors = {f"t{i}": torch.empty(0) for i in range(int(count))}
+for place in places:
+    save_file(tensors, str(Path(tmp, place + ".safetensors")))
+    if kind == "step":
+        sk.save(Path(tmp, place), {"model": tensors}, step=1)
+"""
+
+
 def _run(code: str, args: list[str]) -> tuple[float, int, int]:
     start = time.perf_counter()
     done = subprocess.run(
@@ -78,16 +88,15 @@ def main() -> None:
     if kind not in ("step", "safetensors") or inputs not in ("same", "distinct", "one"):
         raise SystemExit(__doc__)
     with tempfile.TemporaryDirectory() as tmp:
-        tensors = {f"t{i}": torch.empty(0) for i in range(count)}
         places = ["a"] if inputs != "distinct" else ["a", "b"]
-        files = []
-        for place in places:
-            file = Path(tmp, f"{place}.safetensors")
-            save_file(tensors, str(file))
-            files.append(str(file))
-            if kind == "step":
-                sk.save(Path(tmp, place), {"model": tensors}, step=1)
-        del tensors
+        files = [str(Path(tmp, f"{place}.safetensors")) for place in places]
+        # made in a child: a child's ru_maxrss counts its parent's size when it was forked,
+        # so this process stays small for the timed children
+        made = subprocess.run(
+            [sys.executable, "-c", _MAKE, str(count), kind, tmp, *places], check=False
+        )
+        if made.returncode:
+            raise SystemExit("could not write the inputs")
         srcs = [str(Path(tmp, p)) for p in places] if kind == "step" else files
         peer_srcs = files
         if inputs == "same":

@@ -143,3 +143,11 @@ def test_the_cli_reads_a_foreign_file_named_twice_once(
     got = sk.read(out)
     assert all(torch.equal(got[f"t{i}"], torch.full((2,), float(i))) for i in range(30))
     assert json.loads(done.output)["tensors"] == 30
+
+
+def test_an_entry_that_is_null_in_one_input_is_a_mismatch(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    sk.save(a, {"model": None}, step=1)
+    sk.save(b, {"model": {"w": torch.ones(2)}}, step=2)
+    with pytest.raises(sk.KeyMismatchError, match="model/w"):
+        average_checkpoints([a, b], tmp_path / "out", key="model")

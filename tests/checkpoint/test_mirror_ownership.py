@@ -122,3 +122,33 @@ def test_a_mirror_that_hangs_for_ever_never_holds_the_process_at_exit(
     assert "upload journal" in done.stderr
     journal = json.loads((run / ".statekeeper-uploads.json").read_text())
     assert journal["mirrors"] == {"hang://mirror/run": [1, 2]}  # resumed by the next process
+
+
+def test_a_save_never_waits_for_the_mirror_retention_in_progress(
+    tmp_path: Path, s3_server: S3Server, proxy: FaultyProxy, bucket: str
+) -> None:
+    run = tmp_path / "run"
+    # the removal of step 1 by the mirror's retention (after step 2 is uploaded), held
+    hold = proxy.hold_next(f"DELETE /{bucket}/run/step_000000001/manifest.json")
+    mirror = sk.Mirror(through(proxy, bucket), keep=sk.KeepLatest(1), timeout=HANG_GUARD)
+    ckpt = sk.Checkpointer(run, mirror=mirror)
+    try:
+        ckpt.save(1, {"w": torch.ones(10)})
+        ckpt.save(2, {"w": torch.full((10,), 2.0)})
+        assert hold.reached.wait(HANG_GUARD)  # the retention is in flight now
+        saved = threading.Event()
+
+        def save() -> None:
+            ckpt.save(3, {"w": torch.full((10,), 3.0)})  # records step 3 in the journal
+            saved.set()
+
+        saver = threading.Thread(target=save)
+        saver.start()
+        saver.join(HANG_GUARD)  # a hang guard: the save must not wait for the held request
+        assert saved.is_set(), "the save waited for the mirror's retention"
+        journal = json.loads((run / ".statekeeper-uploads.json").read_text())
+        assert 3 in journal["mirrors"][f"s3://{bucket}/run"]
+    finally:
+        hold.release()
+        ckpt.close()
+    assert steps(direct(s3_server, bucket)) == [3]

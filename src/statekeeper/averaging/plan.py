@@ -45,6 +45,7 @@ class Input:
     found: bool  # whether the state holds the entry ``key`` (always True without a key)
     skeleton: Json
     sigs: dict[str, Sig]
+    compared: bool = False  # found equal to the reference (its skeleton is then dropped)
 
 
 _REF_TAGS = ("$tensor", "$ndarray")
@@ -153,7 +154,9 @@ def plan_inputs(
             continue
         inp = read[i] if read else _read(location, key)
         if _same(ref, refs, inp):  # what is left is what its tensors are read by
-            inp = replace(inp, manifest=replace(inp.manifest, state=None), skeleton=None)
+            inp = replace(
+                inp, manifest=replace(inp.manifest, state=None), skeleton=None, compared=True
+            )
         elif inp.found:
             where = inp.location.path(MANIFEST)
             inp = replace(inp, sigs=signatures(inp.manifest, _references(inp.skeleton), where))
@@ -173,7 +176,7 @@ def mismatches(inputs: list[Input], ref: Input, key: str | None) -> list[str]:
             held = ", ".join(map(str, inp.manifest.state)) or "nothing"
             problems.append(f"{key}: no such entry in {path} (it holds: {held})")
             continue
-        if inp is ref or inp.skeleton is None:
+        if inp is ref or inp.compared:
             continue
         for name in sorted(ref.sigs.keys() | inp.sigs.keys()):
             a, b = ref.sigs.get(name), inp.sigs.get(name)

@@ -61,9 +61,12 @@ class Uploader:
         self.remote = remote = mirror_storage(local, mirror)
         self.reader = Retrying(remote, Transfer(1, mirror.retries, mirror.backoff))
         self.journal = Journal(local, remote.describe())
-        # held while the thread changes the run (the journal, the mirror's retention): once
-        # ``_disowned`` is set under it, nothing of the run is changed by this uploader again
+        # held while the thread runs the mirror's retention, and (the other) while anyone
+        # writes the journal: once ``_disowned`` is set under both, nothing of the run is
+        # changed by this uploader again. Two locks: a save that records its step in the
+        # journal never waits for a retention on the mirror
         self._owner_lock = threading.Lock()
+        self._journal_lock = threading.Lock()
         self._reset()
         self._resume()
         track(self)  # checkpoint/upload_hooks.py: interpreter exit, fork
@@ -102,7 +105,7 @@ class Uploader:
         set is taken and written under one lock: a writer that saw an older set (the
         thread, before a save queued a step) never writes it over a newer one; once
         :meth:`finish` disowned the run, never again (the next owner's journal is its own)."""
-        with self._owner_lock:
+        with self._journal_lock:
             if not self._disowned:
                 self.journal.write(self.pending())
 
@@ -224,16 +227,20 @@ class Uploader:
         steps not tried or not done then (a failure is raised by ``finish``, named there)."""
         self._transfer.stop.set()
         wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        settled = self._owner_lock.acquire(timeout=wait)
+        retention = self._owner_lock.acquire(timeout=wait)
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        journal = self._journal_lock.acquire(timeout=wait)
         try:
             with self._cond:
                 self._disowned = self._halted = True
                 current = [] if self._uploading is None else [self._uploading]
                 left = sorted({*self._queue, *current})
         finally:
-            if settled:
+            if journal:
+                self._journal_lock.release()
+            if retention:
                 self._owner_lock.release()
-        return settled, left
+        return retention and journal, left
 
     def at_exit(self) -> None:
         """Interpreter exit without ``close()``: finish (or report) what was started."""
@@ -299,5 +306,7 @@ class Uploader:
     def after_fork_in_child(self) -> None:
         """A forked child has none of its parent's threads: it starts afresh and never
         writes the journal (the parent goes on uploading what it had queued)."""
+        self._owner_lock = threading.Lock()  # a parent's thread may have held them
+        self._journal_lock = threading.Lock()
         self._reset()
         self.journal.enabled = False

@@ -12,7 +12,10 @@ with both imported it is named (``StatekeeperModelParallelStrategy.of("lightning
 When neither is imported yet, the installed one is imported (``pytorch_lightning`` first).
 
 The statekeeper classes themselves (``StatekeeperCallback``...) are package-free fronts: what
-they do reads Lightning's objects by their attributes, never by one package's types.
+they do reads Lightning's objects by their attributes, never by one package's types. With
+one package installed (the common case) each module binds the public name to the front
+made of that package at import (:func:`settled`), a real subclass; only with both installed
+is the public name the front, made per instance.
 """
 
 from __future__ import annotations

@@ -98,3 +98,15 @@ def test_a_loader_state_that_does_not_fit_names_the_entry_and_the_fix(tmp_path: 
     live = _loader(persistent=False, generator=False)
     with pytest.raises(sk.LoadStateError, match=r"'train_loader'.*build the loader as the saving"):
         sk.load(tmp_path / "other", {"train_loader": live})
+
+
+def test_a_second_late_call_says_it_is_still_late() -> None:
+    """Called again for a loader whose hook came too late, it still says so (before: True
+    on the second call, while carries_worker_rng was False)."""
+    loader = _loader(persistent=True)
+    it = iter(loader)
+    next(it)
+    assert carry_worker_rng(loader) is False
+    assert carry_worker_rng(loader) is False
+    assert carry_worker_rng(loader) is carries_worker_rng(loader)
+    _epoch(it)

@@ -124,7 +124,7 @@ def carry_worker_rng(loader: Any) -> bool:
     (:func:`warn_late`, or its own save-time check of the snapshots). Does nothing for a
     loader without workers, or one whose dataset is ``Stateful`` already."""
     if isinstance(loader.worker_init_fn, _CarryRNG):
-        return True
+        return carries_worker_rng(loader)  # a second call: still late if the first was
     hook = _CarryRNG(loader.worker_init_fn)
     loader.worker_init_fn = hook
     if getattr(loader, "_initial_iter_for_state_dict", False):

@@ -48,7 +48,7 @@ from statekeeper.integrations.lightning_fsdp import StatekeeperModelParallelStra
 from statekeeper.integrations.lightning_io import StatekeeperCheckpointIO
 from statekeeper.integrations.lightning_load import load_from_checkpoint
 from statekeeper.integrations.lightning_ranks import SharedRankStateWarning, gather, pick
-from statekeeper.integrations.lightning_roots import ByPackage, imported
+from statekeeper.integrations.lightning_roots import ByPackage, imported, settled
 from statekeeper.integrations.lightning_warn import warn_inexact
 from statekeeper.state.optimizer import parameter_names, to_named, to_positional
 from statekeeper.state.rng import RNGState
@@ -198,3 +198,6 @@ def _by_name(trainer: Any, checkpoint: dict[str, Any]) -> bool:
     (single device, DDP), which this callback can key by name."""
     plain = type(trainer.strategy).__name__ in ("SingleDeviceStrategy", "DDPStrategy")
     return plain and len(checkpoint.get("optimizer_states", [])) == len(trainer.optimizers)
+
+
+StatekeeperCallback = settled(StatekeeperCallback)  # type: ignore[misc]  # one package: its subclass

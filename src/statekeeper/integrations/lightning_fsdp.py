@@ -30,7 +30,13 @@ from statekeeper.checkpoint.scope import Scope
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.held import plain_tree
-from statekeeper.integrations.lightning_roots import ByPackage, imported, made, trainer_root
+from statekeeper.integrations.lightning_roots import (
+    ByPackage,
+    imported,
+    made,
+    settled,
+    trainer_root,
+)
 from statekeeper.stateful import Value
 
 __all__ = ["StatekeeperModelParallelStrategy"]
@@ -74,7 +80,8 @@ class StatekeeperModelParallelStrategy(ByPackage):
     def of(cls, package: str) -> type[Self]:
         """This strategy as a class of ``package`` (``"lightning"`` or
         ``"pytorch_lightning"``), for a process that has imported both."""
-        return made(cls, (_strategy(trainer_root(package)),))
+        front = cls.__dict__.get("_statekeeper_front", cls)  # the front, made or not
+        return made(front, (_strategy(trainer_root(package)),))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -145,3 +152,6 @@ class StatekeeperModelParallelStrategy(ByPackage):
             )
             Path(filepath).rename(aside)
             shutil.rmtree(aside)
+
+
+StatekeeperModelParallelStrategy = settled(StatekeeperModelParallelStrategy)  # type: ignore[misc]  # one package: its subclass

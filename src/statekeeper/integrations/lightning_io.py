@@ -29,7 +29,7 @@ from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import InvalidArgumentError, StorageError
 from statekeeper.integrations.held import plain_tree
-from statekeeper.integrations.lightning_roots import ByPackage, imported
+from statekeeper.integrations.lightning_roots import ByPackage, imported, settled
 from statekeeper.interop.reading import read
 from statekeeper.storage.base import Storage
 from statekeeper.storage.fsspec import FsspecStorage
@@ -191,3 +191,6 @@ def _filesystem(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
 
     fs, root = fsspec.core.url_to_fs(url, **options)
     return fs, str(root).rstrip("/")
+
+
+StatekeeperCheckpointIO = settled(StatekeeperCheckpointIO)  # type: ignore[misc]  # one package: its subclass

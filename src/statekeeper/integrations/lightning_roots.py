@@ -12,12 +12,17 @@ with both imported it is named (``StatekeeperModelParallelStrategy.of("lightning
 When neither is imported yet, the installed one is imported (``pytorch_lightning`` first).
 
 The statekeeper classes themselves (``StatekeeperCallback``...) are package-free fronts: what
-they do reads Lightning's objects by their attributes, never by one package's types.
+they do reads Lightning's objects by their attributes, never by one package's types. With
+one package installed (the common case) each module binds the public name to the front
+made of that package at import (:func:`settled`), a real subclass; only with both installed
+is the public name the front, made per instance.
 """
 
 from __future__ import annotations
 
+import copyreg
 import importlib
+import importlib.util
 import sys
 import types
 from collections.abc import Callable
@@ -25,7 +30,10 @@ from typing import Any, ClassVar, TypeVar
 
 from statekeeper.errors import InvalidArgumentError
 
-__all__ = ["ByPackage", "TRAINERS", "imported", "made", "package_of", "trainer_root"]
+__all__ = [
+    "ByPackage", "TRAINERS", "imported", "installed", "made", "package_of", "settled",
+    "trainer_root",
+]  # fmt: skip
 
 TRAINERS = ("pytorch_lightning", "lightning.pytorch")
 """The two packages a ``Trainer`` comes from."""
@@ -55,7 +63,7 @@ def imported(fabric: bool = False) -> tuple[str, ...]:
     def named(root: str) -> str:
         return _FABRIC[root] if fabric else root
 
-    found = tuple(named(r) for r in TRAINERS if named(r) in sys.modules)
+    found = tuple(named(r) for r in TRAINERS if sys.modules.get(named(r)) is not None)
     if found:
         return found
     for root in TRAINERS:
@@ -68,6 +76,20 @@ def imported(fabric: bool = False) -> tuple[str, ...]:
         "statekeeper's Lightning integration needs Lightning: pip install "
         "'statekeeper[lightning]' (pytorch-lightning) or lightning"
     )
+
+
+def installed() -> tuple[str, ...]:
+    """The ``Trainer`` packages (:data:`TRAINERS`) this process can import (found, not
+    imported; one set to None in ``sys.modules`` is not)."""
+    found = []
+    for root in TRAINERS:
+        try:
+            spec = importlib.util.find_spec(root.split(".")[0])
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            found.append(root)
+    return tuple(found)
 
 
 def package_of(cls: type) -> str | None:
@@ -92,6 +114,7 @@ def made(front: type[T], bases: tuple[type, ...]) -> type[T]:
     key = (front, bases)
     if key not in _MADE:
         namespace: dict[str, Any] = {"__module__": front.__module__, "_statekeeper_made": True}
+        namespace["_statekeeper_front"] = front
         namespace["__qualname__"] = front.__qualname__  # Lightning's callback state key
         cls = types.new_class(
             front.__name__, (front, *bases), exec_body=lambda ns: ns.update(namespace)
@@ -100,11 +123,20 @@ def made(front: type[T], bases: tuple[type, ...]) -> type[T]:
     return _MADE[key]
 
 
-def _remake(front: type, bases: tuple[type, ...], state: dict[str, Any]) -> Any:
-    """The unpickling of a :class:`ByPackage` instance (its class is made, not importable)."""
-    obj: Any = object.__new__(made(front, bases))
-    obj.__dict__.update(state)
-    return obj
+def settled(front: type[T]) -> type[T]:
+    """What a module binds ``front``'s public name to: with one Lightning package installed
+    (the common case) the class made of it now, a real Lightning subclass that pickles by
+    name and that jsonargparse's ``class_path`` and type checkers accept; with both, the
+    front itself, made per instance of the imported package(s)."""
+    if len(installed()) != 1:
+        return front
+    return made(front, front._lightning())  # type: ignore[attr-defined]
+
+
+def _remake(front: type, bases: tuple[type, ...]) -> Any:
+    """The unpickling of a :class:`ByPackage` instance (its class is made, not importable):
+    a bare instance, whose state pickle then sets (Lightning's ``__setstate__`` if any)."""
+    return object.__new__(made(front, bases))
 
 
 class ByPackage:
@@ -115,12 +147,17 @@ class ByPackage:
     """The Lightning base classes an instance made now inherits."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if "_statekeeper_made" not in cls.__dict__:
+        if not getattr(cls, "_statekeeper_made", False):  # a subclass of a made one is made
             cls = made(cls, cls._lightning())
         return object.__new__(cls)
 
     def __reduce__(self) -> tuple[Any, ...]:
         cls = type(self)
-        front = cls.__mro__[1]
+        front = cls.__dict__.get("_statekeeper_front")
+        module = sys.modules.get(cls.__module__)
+        if front is None or getattr(module, cls.__qualname__, None) is cls:  # importable
+            return (copyreg.__newobj__, (cls,), self.__getstate__())  # type: ignore[attr-defined]
         bases = tuple(b for b in cls.__bases__ if b is not front)
-        return (_remake, (front, bases, dict(self.__dict__)))
+        # Lightning's own __getstate__/__setstate__ run (a Strategy drops its
+        # _lightning_optimizers, which do not pickle, and remakes them)
+        return (_remake, (front, bases), self.__getstate__())

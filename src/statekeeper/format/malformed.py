@@ -40,13 +40,13 @@ class FormatError(ValueError):
 def corrupt(path: str, exc: BaseException, template: str = "{}") -> CorruptCheckpointError:
     """The ``CorruptCheckpointError`` for the file at ``path`` (its step directory is part of
     it) that ``exc`` found malformed: ``template`` with its last ``{}`` replaced by ``exc``'s
-    message (names put before it may hold braces).
+    message (names put before it may hold braces); a ``template`` without one replaces it.
 
     Raise it ``from exc``: the cause, its traceback and (for a :class:`FormatError`) its
     ``key`` stay reachable as ``__cause__``.
     """
     before, mark, after = template.rpartition("{}")
-    return CorruptCheckpointError(path, f"{before}{exc}{after}" if mark else f"{template}{exc}")
+    return CorruptCheckpointError(path, f"{before}{exc}{after}" if mark else template)
 
 
 def as_object(value: object, what: str) -> dict[str, Any]:

@@ -212,3 +212,24 @@ def test_damage_is_converted_once_with_its_cause(tmp_path: Path) -> None:
     cause = info.value.__cause__
     assert isinstance(cause, FormatError) and str(cause) in str(info.value)
     assert cause.__traceback__ is not None
+
+
+def test_library_messages_name_arguments_not_command_line_flags() -> None:
+    """The library advises ``overwrite=True``; only the CLI (which renders errors through
+    ``cli.render.as_flags``) spells it ``--overwrite``."""
+    import ast
+
+    flag = re.compile(r"(?<![\w-])--[a-z]")
+    found = []
+    for path in sorted(_SRC.rglob("*.py")):
+        if "cli" in path.relative_to(_SRC).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_warn = isinstance(node, ast.Call) and ast.unparse(node.func).endswith("warn")
+            if not (isinstance(node, ast.Raise) or is_warn):
+                continue
+            for part in ast.walk(node):
+                text = part.value if isinstance(part, ast.Constant) else None
+                if isinstance(text, str) and flag.search(text):
+                    found.append(f"{path.relative_to(_SRC)}:{part.lineno}: {text!r}")
+    assert found == []

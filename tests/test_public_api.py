@@ -27,6 +27,7 @@ EXPECTED = {
     "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
     "Mirror", "MirrorError", "MirrorStatus", "PendingRemoval", "RetentionStatus",
+    "OutputExistsError",
     "OnSignal", "inspect", "verify", "ForeignReport", "StepReport", "StepVerification",
     "VerifyReport", "ClearAction", "ClearInclude", "ClearMode", "ClearReport", "Cleared",
     "clear_state", "register_clear_rule",

@@ -1,6 +1,8 @@
 """Every error statekeeper raises.
 
-The tree, with a middle layer that says what kind of failure it is::
+The tree, with a middle layer that says what kind of failure it is (a builtin in
+parentheses is a further base class; ``tests/test_errors.py`` checks this drawing against
+the classes)::
 
     StatekeeperError
     ├── CheckpointUnreadableError (ValueError)   the checkpoint on disk cannot be used as it is
@@ -12,19 +14,25 @@ The tree, with a middle layer that says what kind of failure it is::
     │   └── LoadStateError (RuntimeError)        an object's load_state_dict() rejected its state
     ├── LocationError (OSError)                  where the checkpoint should be
     │   ├── StepNotFoundError (FileNotFoundError)  no such committed step, path, or it was deleted
-    │   ├── StepExistsError (FileExistsError)    the step is already committed
+    │   ├── OutputExistsError (FileExistsError)  an output file or step is already there
+    │   │   └── StepExistsError                  the step is already committed
     │   ├── WriterConflictError (BlockingIOError)  another live writer holds the run directory
     │   └── StorageError                         the storage failed an operation (errno kept)
+    │       ├── MirrorError                      a step could not be copied to the mirror tier
+    │       └── InjectedFailure                  MemoryStorage(fail_at=k)'s planned failure
     ├── InvalidArgumentError (ValueError)        an argument is out of range or of the wrong kind
     │   └── InvalidArgumentTypeError (TypeError)  an argument of the wrong type
     ├── UnsupportedValueError (TypeError)        a value that cannot be stored without pickle
     └── RankFailure (RuntimeError)               another rank of a distributed save/load failed
 
+    StatekeeperWarning (UserWarning)             something repaired or worth knowing
+    └── SharedRankStateWarning                   one process's Lightning state on every rank
+
 Code branches on these classes; across ranks, where only class names travel,
 :func:`error_class` turns a name back into its class.
 
-``StatekeeperWarning`` (a ``UserWarning``) is the one warning class: something was repaired
-or is worth knowing, but nothing was lost.
+``StatekeeperWarning`` (a ``UserWarning``) is the root of the warnings: something was
+repaired or is worth knowing, but nothing was lost.
 
 Each subclass also derives from the builtin that fits, so ``except FileNotFoundError`` keeps
 working in code that does not know statekeeper. Messages name the key, file or step and the fix.
@@ -47,6 +55,7 @@ __all__ = [
     "LoadStateError",
     "LocationError",
     "MirrorError",
+    "OutputExistsError",
     "RankFailure",
     "StatekeeperError",
     "StatekeeperWarning",
@@ -199,12 +208,17 @@ class StepNotFoundError(LocationError, FileNotFoundError):
     """The requested committed step does not exist."""
 
 
-class StepExistsError(LocationError, FileExistsError):
-    """A committed step with that number already exists; ``path`` names it."""
+class OutputExistsError(LocationError, FileExistsError):
+    """An output (a file that ``convert``, ``export`` or ``average_checkpoints`` would write,
+    or a committed step) already exists; ``path`` names it. ``overwrite=True`` replaces it."""
 
     def __init__(self, message: str, path: str = "") -> None:
         super().__init__(message)
         self.path = path
+
+
+class StepExistsError(OutputExistsError):
+    """A committed step with that number already exists; ``path`` names it."""
 
 
 class WriterConflictError(LocationError, BlockingIOError):

@@ -28,8 +28,9 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import validate_step
 from statekeeper.checkpoint.reader import alias_tensor
 from statekeeper.checkpoint.save import save
-from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, KeyMismatchError
+from statekeeper.errors import InvalidArgumentError, KeyMismatchError, OutputExistsError
 from statekeeper.format.dtypes import dtype_from_name
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.progress import Progress
 from statekeeper.state.tree import unflatten
@@ -38,7 +39,7 @@ __all__ = ["average_checkpoints", "normalize_weights"]
 
 _HINT = (
     "Average only checkpoints of one model (same tensor names, shapes, dtypes and tying), "
-    "or pick one entry that matches with key=... (--key on the command line)."
+    "or pick one entry that matches (key=...)."
 )
 
 
@@ -70,8 +71,8 @@ def _raw_weights(weights: Sequence[float], count: int) -> list[float]:
 def _dtype(ref: Input, name: str, text: str) -> torch.dtype:
     try:
         return dtype_from_name(text)
-    except ValueError:
-        raise CorruptCheckpointError(ref.location.path(MANIFEST), f"{name!r}: bad dtype") from None
+    except FormatError as exc:
+        raise corrupt(ref.location.path(MANIFEST), exc, f"{name!r}: bad dtype") from exc
 
 
 def _average(name: str, dtype: torch.dtype, shards: list[Shards], raw: list[float]) -> torch.Tensor:
@@ -111,7 +112,8 @@ def average_checkpoints(
 
     Raises ``KeyMismatchError`` listing every differing name, shape, dtype or tying,
     ``InvalidArgumentError`` for bad weights, ``CorruptCheckpointError`` for a damaged input
-    and ``StepExistsError`` when the output step is already committed (unless ``overwrite``).
+    and ``StepExistsError`` when the output step is already committed (unless ``overwrite``),
+    ``OutputExistsError`` when ``out`` is an existing file.
     """
     if isinstance(paths, str | bytes | os.PathLike) or not isinstance(paths, Sequence):
         raise InvalidArgumentError("paths must be a list of checkpoint directories")
@@ -121,6 +123,12 @@ def average_checkpoints(
         raise InvalidArgumentError("average at least one checkpoint; no paths were given")
     require_bool("overwrite", overwrite)
     require_callable("progress", progress, "progress(done, total)")
+    if isinstance(out, str | os.PathLike) and os.path.isfile(out):  # before any input is read
+        raise OutputExistsError(
+            f"{os.fspath(out)}: a file is in the way; out is the run directory the averaged "
+            "step is saved in: pass another out",
+            os.fspath(out),
+        )
     raw = [1.0] * len(paths) if weights is None else _raw_weights(weights, len(paths))
     if step is not None:
         validate_step(step)
@@ -181,7 +189,6 @@ def _averaged_state(
             averaged[name] = alias_tensor(ref.location, name, sig.alias, base)
     try:
         state = unflatten(ref.skeleton, averaged.__getitem__, key or "")
-    except ValueError as exc:
-        where = ref.location.path(MANIFEST)
-        raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
+    except FormatError as exc:
+        raise corrupt(ref.location.path(MANIFEST), exc, "state is malformed: {}") from exc
     return (state if key is None else {key: state}), ref.manifest.step

@@ -11,6 +11,7 @@ from statekeeper.checkpoint.reader import sharded_tensor
 from statekeeper.checkpoint.verifier import VerifiedReads
 from statekeeper.checkpoint.verify import check_records, file_header
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_header import Header
 from statekeeper.format.safetensors_io import parse
@@ -64,10 +65,9 @@ class Shards:
         header = file_header(self._location, file, data)
         try:
             tensors = parse(data, header)
-        except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
-            raise CorruptCheckpointError(
-                self._location.path(file), f"not a valid safetensors file: {exc}"
-            ) from None
+        except FormatError as exc:
+            where = self._location.path(file)
+            raise corrupt(where, exc, "not a valid safetensors file: {}") from exc
         self._shard = _Shard(file, header, tensors)
         return self._shard
 

@@ -24,7 +24,7 @@ __all__ = ["average_states"]
 
 _HINT = (
     "Average only checkpoints of one model (same tensor names, shapes and dtypes), or pick one "
-    "entry that matches with key=... (--key on the command line)."
+    "entry that matches (key=...)."
 )
 Signature = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekeeper.errors import CorruptCheckpointError
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import Manifest
 from statekeeper.format.values import join_path
 from statekeeper.format.values_decode import decode_value
@@ -85,7 +86,7 @@ def decode(manifest: Manifest, where: str) -> tuple[dict[str, Any], dict[str, An
         return Ref(tag, name)
 
     def no_ref(tag: str, name: str) -> Ref:
-        raise ValueError(f"metrics cannot refer to tensor {name!r}")
+        raise FormatError(f"metrics cannot refer to tensor {name!r}", key=name)
 
     skeletons: list[tuple[int | None, Any]] = [(None, manifest.state)]
     if manifest.sharding is not None:
@@ -99,6 +100,6 @@ def decode(manifest: Manifest, where: str) -> tuple[dict[str, Any], dict[str, An
             suffix = "" if rank is None else f" (rank {rank})"
             state.update({f"{k}{suffix}": v for k, v in part.items()})
         metrics = {k: decode_value(v, k, no_ref) for k, v in manifest.metrics.items()}
-    except ValueError as exc:
-        raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
+    except FormatError as exc:
+        raise corrupt(where, exc, "state is malformed: {}") from exc
     return state, metrics

@@ -18,6 +18,8 @@ import json
 import warnings
 
 from statekeeper.errors import StatekeeperError, StatekeeperWarning
+from statekeeper.format.jsondoc import parse_json
+from statekeeper.format.malformed import FormatError, as_object, member
 from statekeeper.storage.base import Storage
 from statekeeper.storage.fsspec import FsspecStorage
 from statekeeper.storage.local import LocalStorage, write_file
@@ -49,23 +51,23 @@ class Journal:
             return {}
         try:
             if len(data) > _MAX_BYTES:
-                raise ValueError(f"{len(data)} bytes")
-            parsed = json.loads(data)
-            mirrors = parsed["mirrors"]
+                raise FormatError(f"{len(data)} bytes")
+            parsed = as_object(parse_json(data), "the journal")
+            mirrors = member(parsed, "mirrors", "the journal")
             if parsed.get("format") != _FORMAT or not isinstance(mirrors, dict):
-                raise ValueError("not a statekeeper upload journal")
+                raise FormatError("not a statekeeper upload journal")
             out: dict[str, list[int]] = {}
             for name, steps in mirrors.items():
                 if not isinstance(steps, list) or not all(type(s) is int and s >= 0 for s in steps):
-                    raise ValueError(f"bad steps for {name!r}")
+                    raise FormatError(f"bad steps for {name!r}")
                 out[str(name)] = sorted(set(steps))
             return out
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        except FormatError as exc:
             warnings.warn(
                 f"statekeeper: the upload journal {self.where()} is damaged ({exc}); steps "
                 "that were waiting for their upload are not known: check that the mirror "
-                "holds the steps it should (statekeeper ls RUN --mirror MIRROR). The journal "
-                "is written anew with the next save",
+                "holds the steps it should (list_checkpoints of the mirror lists them). The "
+                "journal is written anew with the next save",
                 StatekeeperWarning,
                 stacklevel=3,
             )

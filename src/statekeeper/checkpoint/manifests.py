@@ -26,7 +26,7 @@ def read_manifest(location: Location) -> Manifest:
                 )
             data = storage.read(entry, MANIFEST)
             break
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
             if again or not location.relocate():
-                raise missing(location, MANIFEST) from None
+                raise missing(location, MANIFEST) from exc
     return Manifest.from_bytes(path, bytes(data))

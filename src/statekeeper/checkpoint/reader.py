@@ -16,6 +16,7 @@ from statekeeper.checkpoint.verify import check_records, file_header, tensors_by
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import Alias, rebuild_alias
 from statekeeper.format.checksum import Buffer
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_io import parse
 from statekeeper.format.sharding import ShardedRecord, assemble
@@ -58,8 +59,8 @@ def alias_tensor(location: Location, name: str, alias: Alias, base: torch.Tensor
     is damage, named in the manifest."""
     try:
         return rebuild_alias(base, alias, name=name)
-    except ValueError as exc:
-        raise CorruptCheckpointError(location.path(MANIFEST), str(exc)) from None
+    except FormatError as exc:
+        raise corrupt(location.path(MANIFEST), exc) from exc
 
 
 def sharded_tensor(
@@ -69,10 +70,8 @@ def sharded_tensor(
     one); chunks that do not tile it are damage, named in the manifest."""
     try:
         return assemble(name, record, chunk)
-    except ValueError as exc:
-        raise CorruptCheckpointError(
-            location.path(MANIFEST), f"sharded tensor {name!r}: {exc}"
-        ) from None
+    except FormatError as exc:
+        raise corrupt(location.path(MANIFEST), exc, f"sharded tensor {name!r}: {{}}") from exc
 
 
 def _load_tensors(
@@ -101,8 +100,8 @@ def _lookup(tensors: dict[str, torch.Tensor]) -> Callable[[str], torch.Tensor]:
     def lookup(name: str) -> torch.Tensor:
         try:
             return tensors[name]
-        except KeyError:
-            raise ValueError(f"reference to unknown tensor {name!r}") from None
+        except KeyError:  # the message names the tensor: the KeyError adds nothing
+            raise FormatError(f"reference to unknown tensor {name!r}", key=name) from None
 
     return lookup
 
@@ -119,10 +118,8 @@ def _decode(
     for skeleton in skeletons:
         try:
             part = unflatten(skeleton, _lookup(tensors))
-        except (ValueError, TypeError, RuntimeError) as exc:  # only a crafted manifest
-            raise CorruptCheckpointError(
-                location.path(MANIFEST), f"state is malformed: {exc}"
-            ) from None
+        except FormatError as exc:  # only a crafted manifest
+            raise corrupt(location.path(MANIFEST), exc, "state is malformed: {}") from exc
         if not isinstance(part, dict):
             raise CorruptCheckpointError(location.path(MANIFEST), "state is not a mapping")
         state.update(part)

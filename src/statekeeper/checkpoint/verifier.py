@@ -77,9 +77,9 @@ def open_file(location: Location, manifest: Manifest, name: str) -> Buffer:
             _check_size(location, manifest, name, storage.size(entry, name))
             data = storage.read(entry, name)
             break
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
             if again or not location.relocate():
-                raise missing(location, name) from None
+                raise missing(location, name) from exc
     return _sized(location, manifest, name, data)
 
 

@@ -19,6 +19,7 @@ from statekeeper.checkpoint.verifier import Progress, Verifier
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.checksum import Buffer
 from statekeeper.format.dtypes import CODE_OF
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_header import Header, read_header
 from statekeeper.format.sharding import tiling_problem
@@ -43,10 +44,8 @@ def file_header(location: Location, file: str, data: Buffer) -> Header:
     """The checked header of the step's safetensors file ``file`` held in ``data``."""
     try:
         return read_header(memoryview(data))
-    except ValueError as exc:
-        raise CorruptCheckpointError(
-            location.path(file), f"not a valid safetensors file: {exc}"
-        ) from None
+    except FormatError as exc:
+        raise corrupt(location.path(file), exc, "not a valid safetensors file: {}") from exc
 
 
 def check_records(
@@ -68,7 +67,7 @@ def _shape_of(manifest: Manifest, name: str) -> tuple[int, ...]:
         return manifest.tensors[name].shape
     if name in manifest.aliases:
         return manifest.aliases[name].shape
-    raise ValueError(f"reference to unknown tensor {name!r}")
+    raise FormatError(f"reference to unknown tensor {name!r}", key=name)
 
 
 def _dtype_of(manifest: Manifest, name: str) -> str:
@@ -83,23 +82,23 @@ def _check_structure(location: Location, manifest: Manifest) -> None:
         try:
             boxes = [(c.offsets, _shape_of(manifest, c.tensor)) for c in record.chunks]
             if any(_dtype_of(manifest, c.tensor) != record.dtype for c in record.chunks):
-                raise ValueError("a chunk has another dtype")
-        except ValueError as exc:
-            raise CorruptCheckpointError(where, f"sharded tensor {name!r}: {exc}") from None
+                raise FormatError("a chunk has another dtype")
+        except FormatError as exc:
+            raise corrupt(where, exc, f"sharded tensor {name!r}: {{}}") from exc
         problem = tiling_problem(record.shape, boxes)
         if problem is not None:
             raise CorruptCheckpointError(where, f"sharded tensor {name!r}: the chunks {problem}")
 
     def on_ref(tag: str, name: str) -> None:
         if name not in manifest.tensors and name not in manifest.aliases and name not in sharded:
-            raise ValueError(f"reference to unknown tensor {name!r}")
+            raise FormatError(f"reference to unknown tensor {name!r}", key=name)
 
     skeletons = [manifest.state, *(manifest.sharding.ranks if manifest.sharding else [])]
     for skeleton in skeletons:
         try:
             decode_value(skeleton, "", on_ref)
-        except (ValueError, TypeError) as exc:
-            raise CorruptCheckpointError(where, f"state is malformed: {exc}") from None
+        except FormatError as exc:
+            raise corrupt(where, exc, "state is malformed: {}") from exc
         if not isinstance(skeleton, dict):
             raise CorruptCheckpointError(where, "state is not a mapping")
 

@@ -102,15 +102,26 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise click.exceptions.Exit(code)
 
 
+_FLAGS = (("overwrite=True", "--overwrite"), ("key=...", "--key KEY"))
+"""The library's advice names its Python arguments; a command spells them as these flags."""
+
+
+def as_flags(message: str) -> str:
+    """``message`` with the Python arguments it advises spelled as the commands' flags."""
+    for argument, flag in _FLAGS:
+        message = message.replace(argument, flag)
+    return message
+
+
 @contextmanager
 def reported_errors() -> Iterator[None]:
     """Turn statekeeper and OS errors into one red line and an exit code, never a traceback."""
     try:
         yield
     except (StepNotFoundError, InvalidArgumentError) as exc:
-        fail(str(exc), 2)
+        fail(as_flags(str(exc)), 2)
     except StatekeeperError as exc:
-        fail(str(exc), 1)
+        fail(as_flags(str(exc)), 1)
     except OSError as exc:
         fail(f"{exc}; check that the path exists and is readable", 1)
 

@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from statekeeper.format.malformed import FormatError
+
 if TYPE_CHECKING:
     import torch
 
@@ -280,7 +282,7 @@ def alias_problem(alias: Alias, base_numel: int) -> str | None:
 def rebuild_alias(base: torch.Tensor, alias: Alias, name: str | None = None) -> torch.Tensor:
     """The view ``alias`` describes, sharing ``base``'s memory.
 
-    Raises ``ValueError`` (naming ``name``, the alias's own name, when given) when the view is
+    Raises ``FormatError`` (naming ``name``, the alias's own name, when given) when the view is
     not valid (:func:`alias_problem`): a damaged or crafted manifest.
     """
     import torch
@@ -288,10 +290,10 @@ def rebuild_alias(base: torch.Tensor, alias: Alias, name: str | None = None) -> 
     what = f"alias {name!r} of {alias.base!r}" if name is not None else f"alias of {alias.base!r}"
     problem = alias_problem(alias, base.numel())
     if problem is not None:
-        raise ValueError(f"{what} {problem}")
+        raise FormatError(f"{what} {problem}")
     try:
         return torch.as_strided(
             base, alias.shape, alias.stride, base.storage_offset() + alias.offset
         )
-    except (RuntimeError, TypeError, ValueError) as exc:  # only what torch itself refuses
-        raise ValueError(f"{what} cannot be rebuilt ({_geometry(alias)}: {exc})") from None
+    except RuntimeError as exc:  # torch's refusal of a view (alias_problem let it through)
+        raise FormatError(f"{what} cannot be rebuilt ({_geometry(alias)}: {exc})") from exc

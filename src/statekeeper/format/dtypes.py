@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from statekeeper.format.malformed import FormatError
+
 if TYPE_CHECKING:
     import torch
 
@@ -60,10 +62,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """``"bfloat16"`` -> ``torch.bfloat16``; ``ValueError`` for a name that is no torch dtype."""
+    """``"bfloat16"`` -> ``torch.bfloat16``; ``FormatError`` (a ``ValueError``) for a name
+    that is no torch dtype."""
     import torch
 
     dtype = getattr(torch, name, None) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
+        raise FormatError(f"unknown dtype {name!r}")
     return dtype

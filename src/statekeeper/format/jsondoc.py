@@ -5,7 +5,7 @@ through :func:`parse_json`:
 
 - a size cap, checked by the caller before the bytes are read (``MAX_*`` below);
 - nesting: the C parser stops with ``RecursionError`` where Python's recursion limit would
-  be crossed; that becomes a ``ValueError`` like any other malformed document. Values that
+  be crossed; that becomes a ``FormatError`` like any other malformed document. Values that
   statekeeper walks recursively afterwards (the state tree, metrics) carry an explicit depth
   limit, :data:`MAX_DEPTH`, enforced on save as on load, so a document that parsed can never
   exhaust the stack later either.
@@ -13,8 +13,12 @@ through :func:`parse_json`:
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
+
+from statekeeper.format.malformed import FormatError
 
 __all__ = [
     "MAX_DEPTH",
@@ -22,10 +26,14 @@ __all__ = [
     "MAX_INDEX_BYTES",
     "MAX_MANIFEST_BYTES",
     "MAX_DECIMAL_DIGITS",
+    "LongInteger",
     "decimal_int",
     "depth_problem",
+    "json_loads",
     "parse_json",
 ]
+
+_Doc = Any  # what a parser takes: bytes or str
 
 MAX_DEPTH = 100
 """Deepest nesting of a state tree or of metrics (containers within containers)."""
@@ -50,7 +58,7 @@ def decimal_int(text: str) -> int:
     (no conversion longer than 640 digits runs)."""
     sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text)
     if len(digits) > MAX_DECIMAL_DIGITS:
-        raise ValueError(
+        raise FormatError(
             f"an integer of {len(digits)} decimal digits, more than the {MAX_DECIMAL_DIGITS} "
             "statekeeper reads"
         )
@@ -66,21 +74,38 @@ def _joined(digits: str) -> int:
 
 
 def parse_json(data: bytes | bytearray | str) -> Any:
-    """``json.loads``; ``ValueError`` for any malformed document, nesting too deep included.
+    """``json.loads``; :class:`FormatError` for any malformed document (undecodable bytes
+    and nesting too deep included)
 
     Integers longer than ``sys.get_int_max_str_digits()`` allows are read all the same
     (:func:`decimal_int`): what one process wrote reads back in every process."""
     try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError("nested too deeply to parse") from None
-    except ValueError as exc:
-        if "integer string conversion" not in str(exc):
-            raise
-    try:  # the slower parse, only for documents holding a long integer
-        return json.loads(data, parse_int=decimal_int)
-    except RecursionError:
-        raise ValueError("nested too deeply to parse") from None
+        return json_loads(json.loads, data)
+    except LongInteger:
+        pass
+    return json_loads(functools.partial(json.loads, parse_int=decimal_int), data)
+
+
+class LongInteger(Exception):
+    """The document holds an integer longer than ``sys.get_int_max_str_digits()`` allows:
+    parse it again with :func:`decimal_int`."""
+
+
+def json_loads(loads: Callable[[_Doc], Any], data: _Doc) -> Any:
+    """``loads(data)`` (a parser of the standard library's ``json``) with every error that
+    malformed input makes it raise turned into :class:`FormatError` (``LongInteger`` for an
+    integer over the digits limit). Only a parser's data errors: it runs no code of ours
+    but :func:`decimal_int`, which raises ``FormatError`` itself."""
+    try:
+        return loads(data)
+    except RecursionError:  # its thousand-frame traceback says nothing the message does not
+        raise FormatError("nested too deeply to parse") from None
+    except FormatError:
+        raise
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError of bytes, digits limit
+        if "integer string conversion" in str(exc):
+            raise LongInteger(str(exc)) from exc
+        raise FormatError(str(exc)) from exc
 
 
 def depth_problem(value: Any, limit: int = MAX_DEPTH) -> str | None:

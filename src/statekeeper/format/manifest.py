@@ -24,6 +24,7 @@ from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
 from statekeeper.format.aliases import MAX_ALIAS_AMPLIFICATION, Alias, alias_problem
 from statekeeper.format.checksum import ALGORITHM, checksum
 from statekeeper.format.jsondoc import depth_problem
+from statekeeper.format.malformed import FormatError, as_list, as_object, corrupt, member
 from statekeeper.format.manifest_parse import (
     TensorRecord,
     TensorRecords,
@@ -115,8 +116,8 @@ class Manifest:
         try:
             text = data.decode("ascii")
             body = parse_manifest_json(text)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise CorruptCheckpointError(path, f"manifest is not valid JSON ({exc})") from None
+        except (UnicodeDecodeError, FormatError) as exc:
+            raise corrupt(path, exc, "manifest is not valid JSON ({})") from exc
         if not isinstance(body, dict):
             raise CorruptCheckpointError(path, "manifest is not a JSON object")
         if body.get("format") != FORMAT:
@@ -128,52 +129,59 @@ class Manifest:
             raise UnsupportedFormatError(path, version, [VERSION, SHARDED_VERSION])
         _verify_self_checksum(path, text, body)
         try:
-            manifest = cls(
-                step=_int(body["step"]),
-                created=str(body["created"]),
-                library={str(k): str(v) for k, v in body["library"].items()},
-                metrics=dict(body["metrics"]),
-                files={
-                    n: FileRecord(_int(r["size"]), str(r["checksum"]))
-                    for n, r in body["files"].items()
-                },
-                tensors=_tensor_records(body["tensors"]),
-                aliases={
-                    n: Alias(
-                        str(a["base"]),
-                        _int(a["offset"]),
-                        tuple(_int(d) for d in a["shape"]),
-                        tuple(_int(s) for s in a["stride"]),
-                    )
-                    for n, a in body["aliases"].items()
-                },
-                state=body["state"],
-                sharding=Sharding.from_json(body) if version == SHARDED_VERSION else None,
-                reused=_reused(body.get("reused", {})),
-                origin=_origin(body.get("origin", {})),
-            )
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise CorruptCheckpointError(
-                path, f"manifest is malformed ({type(exc).__name__}: {exc})"
-            ) from None
+            manifest = cls._from_body(body, version)
+        except FormatError as exc:
+            raise corrupt(path, exc, "manifest is malformed ({})") from exc
         for name in manifest.files:  # opened by name: one plain component, nothing else
             check_name(path, name)
         stray = sorted(set(manifest.reused) - set(manifest.files))
         if stray:
             raise CorruptCheckpointError(path, f"manifest marks unknown files reused: {stray}")
-        for member, value in (("metrics", manifest.metrics), ("origin", manifest.origin)):
+        for part, value in (("metrics", manifest.metrics), ("origin", manifest.origin)):
             problem = depth_problem(value)
             if problem is not None:
-                raise CorruptCheckpointError(path, f"manifest {member} are {problem}")
+                raise CorruptCheckpointError(path, f"manifest {part} are {problem}")
         if manifest.aliases:
             _check_aliases(path, manifest)
         return manifest
 
+    @classmethod
+    def _from_body(cls, body: dict[str, Any], version: int) -> Manifest:
+        """The manifest that the checked JSON ``body`` holds; ``FormatError`` naming the
+        first member that does not have its form."""
+
+        def at(obj: dict[str, Any], key: str, what: str = "manifest") -> Any:
+            return member(obj, key, what)
+
+        def file(name: str, value: object) -> FileRecord:
+            what = f"file {name!r}"
+            r = as_object(value, what)
+            return FileRecord(_int(at(r, "size", what)), str(at(r, "checksum", what)))
+
+        def alias(name: str, value: object) -> Alias:
+            what = f"alias {name!r}"
+            a = as_object(value, what)
+            shape, stride = (as_list(at(a, k, what), f"{what} {k}") for k in ("shape", "stride"))
+            offset = _int(at(a, "offset", what))
+            return Alias(str(at(a, "base", what)), offset, _ints(shape), _ints(stride))
+
+        return cls(
+            step=_int(at(body, "step")),
+            created=str(at(body, "created")),
+            library={str(k): str(v) for k, v in as_object(at(body, "library"), "library").items()},
+            metrics=dict(as_object(at(body, "metrics"), "metrics")),
+            files={n: file(n, r) for n, r in as_object(at(body, "files"), "files").items()},
+            tensors=_tensor_records(at(body, "tensors")),
+            aliases={n: alias(n, a) for n, a in as_object(at(body, "aliases"), "aliases").items()},
+            state=at(body, "state"),
+            sharding=Sharding.from_json(body) if version == SHARDED_VERSION else None,
+            reused=_reused(body.get("reused", {})),
+            origin=_origin(body.get("origin", {})),
+        )
+
 
 def _origin(value: object) -> dict[str, Json]:
-    if not isinstance(value, dict):
-        raise TypeError(f"origin is a {type(value).__name__}, not an object")
-    return {str(k): v for k, v in value.items()}
+    return {str(k): v for k, v in as_object(value, "origin").items()}
 
 
 def _check_aliases(path: str, manifest: Manifest) -> None:
@@ -249,24 +257,28 @@ def _reused(value: object) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise ValueError(f"reused must map file names to their sources, found {value!r}")
+        raise FormatError(f"reused must map file names to their sources, found {value!r}")
     return dict(value)
 
 
 def _tensor_records(entries: object) -> dict[str, TensorRecord]:
     """The ``tensors`` member as records (read as such by :func:`parse_manifest_json`);
-    ``ValueError`` naming the first entry that is not one."""
+    ``FormatError`` naming the first entry that is not one."""
     if not isinstance(entries, TensorRecords):
-        raise ValueError(f"tensors is a {type(entries).__name__}, not an object")
+        raise FormatError(f"tensors is a {type(entries).__name__}, not an object")
     for name in entries.malformed:
         if not isinstance(entries[name], TensorRecord):  # (a later duplicate may be one)
-            raise ValueError(record_problem(name, entries[name]))
+            raise FormatError(str(record_problem(name, entries[name])), key=name)
     return entries
+
+
+def _ints(values: list[Any]) -> tuple[int, ...]:
+    return tuple(_int(d) for d in values)
 
 
 def _int(value: object) -> int:
     if type(value) is not int:
-        raise ValueError(f"expected an integer, found {value!r}")
+        raise FormatError(f"expected an integer, found {value!r}")
     return value
 
 

@@ -9,18 +9,20 @@ uses), and each ``tensors`` entry becomes a shared-field :class:`TensorRecords` 
 soon as it is read, so the transient is one entry.
 
 The result equals ``json.loads(text)`` for every document (same values, same errors for
-malformed ones: ``ValueError``), except that an object-valued ``tensors`` member comes back
-as :class:`TensorRecords`. An entry that is not a well-formed record is kept as parsed and
-flagged, so the caller checks the manifest's checksum before it reports the entry.
+malformed ones, as :class:`~statekeeper.format.malformed.FormatError`), except that an
+object-valued ``tensors`` member comes back as :class:`TensorRecords`. An entry that is
+not a well-formed record is kept as parsed and flagged, so the
+caller checks the manifest's checksum before it reports the entry.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, NamedTuple
 
-from statekeeper.format.jsondoc import decimal_int
+from statekeeper.format.jsondoc import LongInteger, decimal_int, json_loads
 
 __all__ = ["TensorRecord", "TensorRecords", "parse_manifest_json", "record_problem"]
 
@@ -147,16 +149,10 @@ def _parse(decoder: json.JSONDecoder, text: str) -> Any:
 
 def parse_manifest_json(text: str) -> Any:
     """``json.loads(text)`` with the ``tensors`` member read as :class:`TensorRecords`;
-    ``ValueError`` for any malformed document, nesting too deep included. Long integers
+    ``FormatError`` for any malformed document, nesting too deep included. Long integers
     are read as :func:`~statekeeper.format.jsondoc.parse_json` reads them."""
     try:
-        return _parse(_FAST, text)
-    except RecursionError:
-        raise ValueError("nested too deeply to parse") from None
-    except ValueError as exc:
-        if "integer string conversion" not in str(exc):
-            raise
-    try:
-        return _parse(_SLOW, text)
-    except RecursionError:
-        raise ValueError("nested too deeply to parse") from None
+        return json_loads(functools.partial(_parse, _FAST), text)
+    except LongInteger:
+        pass
+    return json_loads(functools.partial(_parse, _SLOW), text)

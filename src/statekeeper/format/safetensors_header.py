@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from statekeeper.format.dtypes import SIZE_OF_CODE
 from statekeeper.format.jsondoc import MAX_HEADER_BYTES, parse_json
+from statekeeper.format.malformed import FormatError
 
 __all__ = ["Entry", "Header", "read_header"]
 
@@ -56,55 +57,55 @@ _make = tuple.__new__
 def _entry(name: str, info: object, end_of_data: int) -> Entry:
     """One entry, checked with C-level operations (this runs once per tensor of every file
     read: 500,000 tensors, ``bench/average_empty.py``)."""
-    try:
-        code = info["dtype"]  # type: ignore[index]
-        itemsize = SIZE_OF_CODE[code]
-        shape = info["shape"]  # type: ignore[index]
-        begin, end = info["data_offsets"]  # type: ignore[index]
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"tensor {name!r} has a malformed header entry") from None
+    if type(info) is not dict:
+        raise FormatError(f"tensor {name!r} has a malformed header entry", key=name)
+    code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    itemsize = SIZE_OF_CODE.get(code) if type(code) is str else None
     if (
-        type(shape) is not list
-        or type(begin) is not int
-        or type(end) is not int
+        itemsize is None
+        or type(shape) is not list
+        or type(offsets) is not list
+        or len(offsets) != 2
+        or not set(map(type, offsets)) <= _INT
         or not set(map(type, shape)) <= _INT  # exact ints: a bool is not a size
     ):
-        raise ValueError(f"tensor {name!r} has a malformed header entry")
+        raise FormatError(f"tensor {name!r} has a malformed header entry", key=name)
+    begin, end = offsets
     if shape and min(shape) < 0:
-        raise ValueError(f"tensor {name!r} has a negative dimension")
+        raise FormatError(f"tensor {name!r} has a negative dimension", key=name)
     numel = math.prod(shape)
     span = numel or math.prod([d or 1 for d in shape])  # an empty tensor's other sizes too
     if span >= _MAX_ELEMENTS:
-        raise ValueError(f"tensor {name!r} has a shape too large to exist: {shape}")
+        raise FormatError(f"tensor {name!r} has a shape too large to exist: {shape}", key=name)
     if not 0 <= begin <= end <= end_of_data or end - begin != numel * itemsize:
-        raise ValueError(f"tensor {name!r} has data offsets that do not fit its shape")
+        raise FormatError(f"tensor {name!r} has data offsets that do not fit its shape", key=name)
     return _make(Entry, (code, shape, numel, begin, end))  # tuple.__new__: no Python frame
 
 
 def read_header(buf: memoryview) -> Header:
-    """The checked header of the safetensors file in ``buf``; ``ValueError`` for anything
+    """The checked header of the safetensors file in ``buf``; ``FormatError`` for anything
     that is not a well-formed file."""
     if len(buf) < 8:
-        raise ValueError("shorter than the 8-byte header length")
+        raise FormatError("shorter than the 8-byte header length")
     (n,) = struct.unpack("<Q", buf[:8])
     if n > len(buf) - 8:
-        raise ValueError(f"header length {n} runs past the end of the file")
+        raise FormatError(f"header length {n} runs past the end of the file")
     if n > MAX_HEADER_BYTES:
-        raise ValueError(f"header length {n} is larger than the {MAX_HEADER_BYTES} bytes allowed")
+        raise FormatError(f"header length {n} is larger than the {MAX_HEADER_BYTES} bytes allowed")
     try:
         header = parse_json(bytes(buf[8 : 8 + n]))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"header is not JSON ({exc})") from None
+    except FormatError as exc:
+        raise FormatError(f"header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
-        raise ValueError("header is not a JSON object")
+        raise FormatError("header is not a JSON object")
     metadata = header.pop("__metadata__", None)
     end_of_data = len(buf) - 8 - n
     entries = {name: _entry(name, info, end_of_data) for name, info in header.items()}
     position = 0
     for begin, end in sorted((e.begin, e.end) for e in entries.values()):
         if begin != position:
-            raise ValueError("tensor data overlaps or leaves gaps")
+            raise FormatError("tensor data overlaps or leaves gaps")
         position = end
     if position != end_of_data:
-        raise ValueError("trailing bytes after the tensor data")
+        raise FormatError("trailing bytes after the tensor data")
     return Header(entries, 8 + n, metadata)

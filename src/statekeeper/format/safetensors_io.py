@@ -146,7 +146,7 @@ def parse(
 ) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file held in ``data`` (views when ``data`` is writable).
 
-    Raises ``ValueError`` on anything that is not a well-formed file (the header is checked
+    Raises ``FormatError`` on anything that is not a well-formed file (the header is checked
     whole by :func:`~statekeeper.format.safetensors_header.read_header` first, unless the
     caller passes the ``header`` it already read from ``data``).
     """

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statekeeper.format.dtypes import dtype_from_name
+from statekeeper.format.malformed import FormatError, as_list, as_object, member
 from statekeeper.format.values import Json
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class ShardedRecord:
 
 def _ints(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or any(type(v) is not int or v < 0 for v in value):
-        raise ValueError(f"expected a list of non-negative integers, found {value!r}")
+        raise FormatError(f"expected a list of non-negative integers, found {value!r}")
     return tuple(value)
 
 
@@ -77,18 +78,23 @@ class Sharding:
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Sharding:
-        """Parse the members; ``KeyError``/``TypeError``/``ValueError`` when malformed."""
-        tensors = {
-            str(name): ShardedRecord(
-                str(r["dtype"]),
-                _ints(r["shape"]),
-                tuple(Chunk(str(c["tensor"]), _ints(c["offsets"])) for c in r["chunks"]),
+        """Parse the members; ``FormatError`` naming the first that does not have its form."""
+        tensors = {}
+        for name, r in as_object(member(body, "sharded", "manifest"), "sharded").items():
+            what = f"sharded tensor {name!r}"
+            r = as_object(r, what)
+            chunks = []
+            for c in as_list(member(r, "chunks", what), f"{what} chunks"):
+                c = as_object(c, f"a chunk of {what}")
+                chunks.append(
+                    Chunk(str(member(c, "tensor", what)), _ints(member(c, "offsets", what)))
+                )
+            tensors[str(name)] = ShardedRecord(
+                str(member(r, "dtype", what)), _ints(member(r, "shape", what)), tuple(chunks)
             )
-            for name, r in body["sharded"].items()
-        }
-        ranks = body["ranks"]
+        ranks = member(body, "ranks", "manifest")
         if not isinstance(ranks, list) or not ranks:
-            raise ValueError("ranks must be a non-empty list")
+            raise FormatError("ranks must be a non-empty list")
         return cls(tensors, list(ranks))
 
 
@@ -161,17 +167,17 @@ def _grid_overlap(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
 def assemble(
     name: str, record: ShardedRecord, chunk: Callable[[str], torch.Tensor]
 ) -> torch.Tensor:
-    """The global tensor from its verified chunks; ``ValueError`` if they do not tile it."""
+    """The global tensor from its verified chunks; ``FormatError`` if they do not tile it."""
     import torch
 
     dtype = dtype_from_name(record.dtype)
     pieces = [chunk(c.tensor) for c in record.chunks]
     if any(p.dtype != dtype for p in pieces):
-        raise ValueError(f"a chunk of sharded tensor {name!r} has another dtype")
+        raise FormatError(f"a chunk of sharded tensor {name!r} has another dtype")
     boxes = [(c.offsets, tuple(p.shape)) for c, p in zip(record.chunks, pieces, strict=True)]
     problem = tiling_problem(record.shape, boxes)
     if problem is not None:
-        raise ValueError(f"the chunks of sharded tensor {name!r} {problem}")
+        raise FormatError(f"the chunks of sharded tensor {name!r} {problem}")
     out = torch.empty(record.shape, dtype=dtype)
     for (start, size), piece in zip(boxes, pieces, strict=True):
         target = out

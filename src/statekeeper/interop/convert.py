@@ -13,7 +13,7 @@ import torch
 
 from statekeeper.arguments import require_bool, require_callable
 from statekeeper.checkpoint.location import is_step_dir
-from statekeeper.errors import InvalidArgumentError, StepExistsError
+from statekeeper.errors import InvalidArgumentError, OutputExistsError
 from statekeeper.format.aliases import tie_plan
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.safetensors_write import write_safetensors
@@ -95,8 +95,9 @@ def convert(
     memory map); ``key`` names the single entry to put the whole source under.
 
     ``overwrite`` allows replacing what is there: the step ``step`` of the run, or the whole
-    ``.safetensors`` file. Without it, an existing step or file is a ``StepExistsError`` (a
-    ``FileExistsError``), raised before the source is read.
+    ``.safetensors`` file. Without it, an existing step is a ``StepExistsError`` and an
+    existing file an ``OutputExistsError`` (both ``FileExistsError``; the first a kind of
+    the second), raised before the source is read.
 
     ``progress(done, total)`` follows the reading, ``write_progress`` the writing.
     """
@@ -110,8 +111,8 @@ def convert(
     if not to_file:
         refuse_same_run(src, dst)
     if to_file and not overwrite and Path(dst).exists():
-        raise StepExistsError(
-            f"{dst}: the file already exists; pass --overwrite (overwrite=True) to replace it"
+        raise OutputExistsError(
+            f"{dst}: the file already exists; pass overwrite=True to replace it", str(dst)
         )
     found = foreign_format(src)
     fmt = found[1].value if found else "statekeeper"

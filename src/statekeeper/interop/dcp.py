@@ -75,12 +75,12 @@ def read_dcp_metadata(folder: Path) -> Any:
     try:
         md = restricted_load(data, _allowlist())
     except DisallowedAttribute as exc:
-        raise UnsafePickleError(str(path), [], str(exc)) from None
+        raise UnsafePickleError(str(path), [], str(exc)) from exc
     except DisallowedGlobal as exc:
-        raise UnsafePickleError(str(path), [exc.name]) from None
+        raise UnsafePickleError(str(path), [exc.name]) from exc
     except Exception as exc:  # allowlisted constructors raise anything (RuntimeError, ...)
         problem = f"not a DCP metadata file ({type(exc).__name__}: {exc})"
-        raise CorruptCheckpointError(str(path), problem) from None
+        raise CorruptCheckpointError(str(path), problem) from exc
     if not isinstance(md, Metadata):
         raise CorruptCheckpointError(str(path), "not a DCP metadata file")
     return md
@@ -186,5 +186,5 @@ def read_dcp(path: str | Path, progress: Progress | None = None) -> dict[str, An
     except ValueError as exc:
         raise CorruptCheckpointError(
             str(folder / METADATA), f"the planner's key path for {fqn!r} is malformed: {exc}"
-        ) from None
+        ) from exc
     return placer.root

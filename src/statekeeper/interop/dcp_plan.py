@@ -209,5 +209,5 @@ def plan_dcp(folder: Path, md: Any) -> DcpPlan:
         raise
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
         problem = f"malformed DCP metadata ({type(exc).__name__}: {exc})"
-        raise CorruptCheckpointError(where, problem) from None
+        raise CorruptCheckpointError(where, problem) from exc
     return DcpPlan(tuple(entries), paths, total)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from statekeeper.arguments import require_bool, require_callable
-from statekeeper.errors import InvalidArgumentError, StepExistsError
+from statekeeper.errors import InvalidArgumentError, OutputExistsError
 from statekeeper.format.aliases import tie_plan
 from statekeeper.format.dtypes import dtype_name
 from statekeeper.interop.lightning import WEIGHTS_KEY, is_lightning
@@ -92,7 +92,7 @@ def weights_of(state: Mapping[str, Any], key: str | None, where: str) -> tuple[A
     shown = ", ".join(map(repr, candidates or list(state)[:20]))
     raise InvalidArgumentError(
         f"{where}: cannot tell which entry holds the model weights (candidates: {shown}); "
-        "pass key= (--key) to choose"
+        "pass key=... to choose"
     )
 
 
@@ -114,15 +114,15 @@ def export(
     prefixes (pass ``WRAPPER_PREFIXES`` for ``module.`` / ``_orig_mod.``). Tied tensors are
     stored once with their aliases in the metadata; ``statekeeper.read(out)`` gives every
     name back, so ``model.load_state_dict(statekeeper.read(out))`` works. An existing
-    ``out`` is replaced only with ``overwrite=True`` (``StepExistsError`` otherwise).
+    ``out`` is replaced only with ``overwrite=True`` (``OutputExistsError`` otherwise).
     """
     from statekeeper.interop.reading import read
 
     require_bool("overwrite", overwrite)
     require_callable("progress", progress, "progress(done, total)")
     if not overwrite and Path(out).exists():
-        raise StepExistsError(
-            f"{out}: the file already exists; pass --overwrite (overwrite=True) to replace it"
+        raise OutputExistsError(
+            f"{out}: the file already exists; pass overwrite=True to replace it", str(out)
         )
     where = str(src) if isinstance(src, str | Path) else "state"
     state = read(src) if isinstance(src, str | Path) else dict(src)

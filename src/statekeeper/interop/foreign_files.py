@@ -23,6 +23,7 @@ from typing import Any
 
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.jsondoc import parse_json
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.storage.files import check_name, open_regular, regular_size
 
 __all__ = [
@@ -50,9 +51,9 @@ def _regular(call: Callable[..., int], path: Path, listed_in: str | None) -> int
         return call(path, follow=True)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise CorruptCheckpointError(str(path), "is a loop of symbolic links") from None
+            raise CorruptCheckpointError(str(path), "is a loop of symbolic links") from exc
         if listed_in is not None and exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise CorruptCheckpointError(str(path), f"listed in {listed_in} but missing") from None
+            raise CorruptCheckpointError(str(path), f"listed in {listed_in} but missing") from exc
         raise
 
 
@@ -118,8 +119,8 @@ def read_json(path: Path, cap: int, what: str, listed_in: str | None = None) -> 
     data = read_capped(path, cap, what, listed_in)
     try:
         return parse_json(data)
-    except ValueError as exc:  # UnicodeDecodeError included
-        raise CorruptCheckpointError(str(path), f"{what} is not valid JSON ({exc})") from None
+    except FormatError as exc:  # undecodable bytes included
+        raise corrupt(str(path), exc, f"{what} is not valid JSON ({{}})") from exc
 
 
 def is_torch_file(path: Path) -> bool:

@@ -249,5 +249,5 @@ def survey_stream(stream: BinaryIO, allowed: Mapping[str, object] | None = None)
             start = at
             handlers[op.name](arg)
     except Exception as exc:  # pickletools raises ValueError, EOFError, struct.error...
-        raise ValueError(f"not a complete pickle stream ({exc})") from None
+        raise ValueError(f"not a complete pickle stream ({exc})") from exc
     return walk.survey()

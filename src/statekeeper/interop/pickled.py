@@ -171,7 +171,7 @@ def _load(p: Path, f: IO[bytes], size: int, allow: Sequence[Any], data: bytes | 
     except CorruptCheckpointError:
         raise
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
-        raise _explain(p, exc, allow, data) from None
+        raise _explain(p, exc, allow, data) from exc
     problem = loaded_problem(obj, size)
     if problem is not None:
         raise CorruptCheckpointError(where, problem)

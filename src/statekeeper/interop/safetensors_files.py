@@ -25,6 +25,7 @@ import torch
 
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.jsondoc import MAX_INDEX_BYTES, parse_json
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.safetensors_header import Header, read_header
 from statekeeper.format.safetensors_io import parse
 from statekeeper.interop.foreign_files import MAX_DIMS, member, open_file, read_json, size_of
@@ -62,8 +63,8 @@ def _mapped(path: Path, listed_in: str | None) -> tuple[mmap.mmap | bytes, Heade
         os.close(fd)
     try:
         header = read_header(memoryview(data))
-    except ValueError as exc:
-        raise CorruptCheckpointError(str(path), f"{_INVALID}: {exc}") from None
+    except FormatError as exc:
+        raise corrupt(str(path), exc, f"{_INVALID}: {{}}") from exc
     for name, entry in header.entries.items():
         if len(entry.shape) > MAX_DIMS:
             raise CorruptCheckpointError(
@@ -94,8 +95,8 @@ def read_safetensors(path: str | Path, listed_in: str | None = None) -> dict[str
     data, header, meta = _mapped(p, listed_in)
     try:
         tensors = parse(data, header)
-    except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
-        raise CorruptCheckpointError(str(p), f"{_INVALID}: {exc}") from None
+    except FormatError as exc:
+        raise corrupt(str(p), exc, f"{_INVALID}: {{}}") from exc
     if ALIASES_KEY in meta:
         _expand_aliases(p, tensors, meta[ALIASES_KEY])
     return tensors
@@ -105,8 +106,8 @@ def _expand_aliases(path: Path, tensors: dict[str, torch.Tensor], text: str) -> 
     problem = f"metadata {ALIASES_KEY!r} is malformed or names a missing tensor"
     try:
         aliases = parse_json(text)
-    except ValueError as exc:
-        raise CorruptCheckpointError(str(path), f"{problem} ({exc})") from None
+    except FormatError as exc:
+        raise corrupt(str(path), exc, f"{problem} ({{}})") from exc
     if not isinstance(aliases, dict):
         raise CorruptCheckpointError(str(path), f"{problem} (not a JSON object)")
     for alias, base in aliases.items():

@@ -78,7 +78,7 @@ def check_zip(f: IO[bytes], size: int, where: str) -> bytes:
             raise
         raise CorruptCheckpointError(
             where, f"truncated or damaged torch.save file: a damaged zip archive ({exc})"
-        ) from None
+        ) from exc
 
 
 def tuple_depth(stream: IO[bytes], pickles: int = 1) -> int:

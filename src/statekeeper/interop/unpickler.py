@@ -177,7 +177,7 @@ class AllowlistUnpickler(pickle.Unpickler):
         try:
             return self.load()
         except pickle.UnpicklingError as exc:
-            raise ValueError(f"malformed pickle: {exc}") from None
+            raise ValueError(f"malformed pickle: {exc}") from exc
         finally:  # also when the load failed: no stand-in outlives it, wherever it went
             for made, cls in self._made:
                 if type(made) is self._stand_ins[cls]:

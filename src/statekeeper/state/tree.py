@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from statekeeper.errors import UnsupportedValueError
+from statekeeper.format.malformed import FormatError
 from statekeeper.format.torch_dtypes import SUPPORTED_DTYPES
 from statekeeper.format.values import Json, encode_value
 from statekeeper.format.values_decode import decode_value
@@ -100,13 +101,17 @@ def flatten(state: Mapping[str, Any], root: str = "") -> Flat:
 def unflatten(skeleton: Json, lookup: Callable[[str], torch.Tensor], root: str = "") -> Any:
     """Rebuild the nested state; ``lookup(name)`` returns the tensor stored under ``name``.
 
-    Raises ``ValueError`` with the key path when the skeleton is malformed.
+    Raises ``FormatError`` (a ``ValueError``) with the key path when the skeleton is malformed.
     """
 
     def on_ref(tag: str, name: str) -> Any:
         tensor = lookup(name)
         if tag == "$ndarray":
-            return tensor.numpy().copy()
+            try:
+                array = tensor.numpy()
+            except TypeError as exc:  # a dtype numpy lacks (bfloat16): a crafted manifest
+                raise FormatError(f"{name!r} cannot be a numpy array ({exc})", key=name) from exc
+            return array.copy()
         return tensor
 
     return decode_value(skeleton, root, on_ref)

@@ -107,7 +107,7 @@ def open_directory(path: str | os.PathLike[str]) -> int:
             raise CorruptCheckpointError(
                 os.fspath(path),
                 f"is {what}, not a directory; statekeeper reads a step only where it lies",
-            ) from None
+            ) from exc
         raise
 
 
@@ -125,10 +125,10 @@ def open_regular(
         fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
-            raise _refuse(os.fspath(path), "a symbolic link") from None
+            raise _refuse(os.fspath(path), "a symbolic link") from exc
         if exc.errno in (errno.ENXIO, errno.EISDIR):  # a socket, a directory
             mode = os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode
-            raise _refuse(os.fspath(path), file_kind(mode)) from None
+            raise _refuse(os.fspath(path), file_kind(mode)) from exc
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):

@@ -150,11 +150,11 @@ class LocalStorage:
         try:
             dfd = open_directory(self.root / entry)
         except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(self.describe(entry), exc.problem) from None
+            raise CorruptCheckpointError(self.describe(entry), exc.problem) from exc
         try:
             yield dfd
         except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(self.describe(entry, name), exc.problem) from None
+            raise CorruptCheckpointError(self.describe(entry, name), exc.problem) from exc
         finally:
             os.close(dfd)
 

@@ -224,6 +224,26 @@ def diff(
     ``tied`` decides whether a key one side omits because it is tied to another counts as
     equal (:class:`~statekeeper.interop.tied.TiedKeys`; by default for Hugging Face folders
     and safetensors files, which store tied weights once).
+
+    Args:
+        a: A checkpoint path of any readable format, or a state already read.
+        b: The other one, likewise.
+        atol: Absolute tolerance per element.
+        rtol: Relative tolerance per element (relative to ``b``).
+        key: Compare only this sub-tree of each side that has it.
+        strip: Key prefixes to remove on both sides before matching.
+        tied: :class:`TiedKeys`: whether a key omitted because it is tied counts as equal.
+        progress: ``progress(done, total)`` over the tensors compared.
+
+    Returns:
+        A :class:`DiffResult`: ``equal``, ``only_a``, ``only_b``, ``changed``, ``different``.
+
+    Raises:
+        InvalidArgumentError: Negative or non-finite tolerances, a ``tied`` that is no
+            :class:`TiedKeys`, or a ``key`` neither side has.
+        StepNotFoundError: A path that does not exist.
+        CorruptCheckpointError: A damaged input.
+        UnsafePickleError: A pickle-based input asks for more than tensors.
     """
     if not isinstance(tied, TiedKeys):
         raise InvalidArgumentError(f"tied must be a TiedKeys, got {tied!r}")

@@ -82,8 +82,37 @@ def _objects(obj: griffe.Object) -> Iterator[griffe.Object]:
             yield from _objects(member)  # type: ignore[arg-type]
 
 
+# protocols that classes implement without naming them as a base (structural typing)
+_PROTOCOLS = (
+    "storage.base.SharedStorage",
+    "storage.base.Storage",
+    "stateful.Stateful",
+)
+
+
+def _renamed(base: griffe.Object, member: griffe.Object) -> str:
+    """``base``'s docstring with its Args named as ``member`` names the same parameters
+    (an implementation may call ``state_dict`` ``state``): matched by position."""
+    text = base.docstring.value if base.docstring is not None else ""
+    if not (base.is_function and member.is_function):
+        return text
+    ours = [p.name for p in member.parameters if p.name not in ("self", "cls")]  # type: ignore[attr-defined]
+    theirs = [p.name for p in base.parameters if p.name not in ("self", "cls")]  # type: ignore[attr-defined]
+    for old, new in zip(theirs, ours, strict=False):
+        if old != new:
+            text = re.sub(rf"^(\s+){re.escape(old)}:", rf"\g<1>{new}:", text, flags=re.M)
+    return text
+
+
 def _inherit_docstrings(pkg: griffe.Object) -> None:
-    """A member without a docstring takes the one of the member it overrides in a base."""
+    """A member without a docstring takes the one of the member it overrides in a base, or
+    of the protocol member it implements (a class with every method of a protocol)."""
+    protocols = []
+    for path in _PROTOCOLS:
+        try:
+            protocols.append(pkg[path])
+        except Exception:  # moved or renamed: the members then show without a docstring
+            continue
     for obj in _objects(pkg):
         if not obj.is_class:
             continue
@@ -91,14 +120,22 @@ def _inherit_docstrings(pkg: griffe.Object) -> None:
             if name.startswith("_") or member.is_alias or member.docstring is not None:
                 continue
             try:
-                bases = obj.mro()  # type: ignore[attr-defined]
+                bases = list(obj.mro())  # type: ignore[attr-defined]
             except Exception:  # a base outside the package, or an unresolvable one
-                continue
+                bases = []
+            methods = {n for n, m in obj.all_members.items() if not n.startswith("_")}
+            bases += [
+                p
+                for p in protocols
+                if p is not obj
+                and {n for n, m in p.members.items() if m.is_function and not n.startswith("_")}
+                <= methods
+            ]
             for base in bases:
                 found = base.members.get(name)
                 if found is not None and not found.is_alias and found.docstring is not None:
                     member.docstring = griffe.Docstring(
-                        found.docstring.value, parent=member, parser=found.docstring.parser
+                        _renamed(found, member), parent=member, parser=found.docstring.parser
                     )
                     break
 

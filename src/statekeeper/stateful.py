@@ -42,7 +42,11 @@ def is_stateful(obj: object) -> bool:
 
 
 class Value(Generic[T]):
-    """A mutable box for a plain value: ``counter = Value(0)``; ``counter.value += 1``."""
+    """A mutable box for a plain value: ``counter = Value(0)``; ``counter.value += 1``.
+
+    Args:
+        value: The initial value (a plain, JSON-able value).
+    """
 
     def __init__(self, value: T) -> None:
         self.value = value

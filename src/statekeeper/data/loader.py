@@ -45,7 +45,16 @@ def _resumable_parts(loader: torch.utils.data.DataLoader[Any]) -> tuple[Resumabl
 
 
 class ResumableLoader:
-    """A ``DataLoader`` that knows which batch comes next, and can resume there."""
+    """A ``DataLoader`` that knows which batch comes next, and can resume there.
+
+    Args:
+        loader: The ``DataLoader`` to wrap (its sampler a :class:`ResumableSampler`, or a
+            batch sampler a :class:`ResumableBatchSampler`).
+
+    Raises:
+        InvalidArgumentError: The loader's sampler is no :class:`ResumableSampler` (nor its
+            batch sampler a :class:`ResumableBatchSampler`).
+    """
 
     def __init__(self, loader: torch.utils.data.DataLoader[Any]) -> None:
         self.loader = loader

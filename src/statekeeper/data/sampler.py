@@ -90,6 +90,17 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
     ``data_source`` is the dataset (or anything with ``len``). ``num_replicas`` / ``rank``
     shard each epoch across distributed ranks; every rank gets ``len(self)`` indices.
+
+    Args:
+        data_source: The dataset, or anything with ``len``.
+        seed: The seed the order of every epoch derives from.
+        shuffle: ``False`` for the sequential order.
+        num_replicas: The number of ranks that share the data.
+        rank: This rank, below ``num_replicas``.
+        drop_last: Drop the tail that does not divide among the ranks (else it is padded).
+
+    Raises:
+        InvalidArgumentError: A negative seed or count, or ``rank`` not below ``num_replicas``.
     """
 
     def __init__(
@@ -157,7 +168,17 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
 
 class ResumableBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """Batches of a :class:`ResumableSampler`; its position counts samples, like the sampler's."""
+    """Batches of a :class:`ResumableSampler`; its position counts samples, like the sampler's.
+
+    Args:
+        sampler: The :class:`ResumableSampler` whose indices are batched.
+        batch_size: The number of indices per batch.
+        drop_last: Drop the last, incomplete batch.
+
+    Raises:
+        InvalidArgumentError: ``sampler`` is no :class:`ResumableSampler`, or ``batch_size`` is
+            not a positive int.
+    """
 
     def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool = False) -> None:
         if not isinstance(sampler, ResumableSampler):

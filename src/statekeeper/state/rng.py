@@ -29,7 +29,11 @@ def _cuda_in_use() -> bool:
 
 
 class RNGState:
-    """The state of all global generators plus the ``generators`` registered by name."""
+    """The state of all global generators plus the ``generators`` registered by name.
+
+    Args:
+        generators: Extra ``torch.Generator`` / ``numpy.random.Generator`` objects, by name.
+    """
 
     def __init__(self, generators: Mapping[str, Generator] | None = None) -> None:
         require_mapping(

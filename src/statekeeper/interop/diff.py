@@ -58,7 +58,23 @@ class Change:
 
 @dataclass(frozen=True)
 class DiffResult:
-    """What ``diff`` found; ``equal`` is True when nothing differs."""
+    """What ``diff`` found; ``equal`` is True when nothing differs.
+
+    Attributes:
+        a: The first input, as named in messages.
+        b: The second input.
+        only_a: Keys only ``a`` has.
+        only_b: Keys only ``b`` has.
+        changed: Keys whose kind, shape, dtype or plain value differ.
+        different: Tensors of the same shape outside the tolerance, largest
+            ``max_abs`` first.
+        equal_tensors: The keys of the tensors found equal.
+        equal_values: How many plain values were equal.
+        atol: The absolute tolerance used.
+        rtol: The relative tolerance used.
+        notes: What the comparison did besides matching keys (a side compared whole, tied
+            keys dropped, prefixes stripped).
+    """
 
     a: str
     b: str
@@ -77,6 +93,11 @@ class DiffResult:
         return not (self.only_a or self.only_b or self.changed or self.different)
 
     def to_json(self) -> dict[str, Any]:
+        """The result as JSON-able data, ``equal`` included (``statekeeper diff --json``).
+
+        Returns:
+            A dict of the fields and ``equal``.
+        """
         data = asdict(self)
         data["equal"] = self.equal
         return data

@@ -90,6 +90,9 @@ _PROTOCOLS = (
 )
 
 
+_SECTION = re.compile(r"^(?:Args|Arguments|Parameters|Returns|Yields|Raises|Attributes):\s*$", re.M)
+
+
 def _renamed(base: griffe.Object, member: griffe.Object) -> str:
     """``base``'s docstring with its Args named as ``member`` names the same parameters
     (an implementation may call ``state_dict`` ``state``): matched by position."""
@@ -106,7 +109,8 @@ def _renamed(base: griffe.Object, member: griffe.Object) -> str:
 
 def _inherit_docstrings(pkg: griffe.Object) -> None:
     """A member without a docstring takes the one of the member it overrides in a base, or
-    of the protocol member it implements (a class with every method of a protocol)."""
+    of the protocol member it implements (a class with every method of a protocol); one
+    with a docstring but no Args/Returns/Raises sections gets that member's sections."""
     protocols = []
     for path in _PROTOCOLS:
         try:
@@ -117,8 +121,11 @@ def _inherit_docstrings(pkg: griffe.Object) -> None:
         if not obj.is_class:
             continue
         for name, member in obj.members.items():
-            if name.startswith("_") or member.is_alias or member.docstring is not None:
+            if name.startswith("_") or member.is_alias:
                 continue
+            own = member.docstring
+            if own is not None and _SECTION.search(own.value):
+                continue  # documented in full
             try:
                 bases = list(obj.mro())  # type: ignore[attr-defined]
             except Exception:  # a base outside the package, or an unresolvable one
@@ -133,11 +140,18 @@ def _inherit_docstrings(pkg: griffe.Object) -> None:
             ]
             for base in bases:
                 found = base.members.get(name)
-                if found is not None and not found.is_alias and found.docstring is not None:
-                    member.docstring = griffe.Docstring(
-                        _renamed(found, member), parent=member, parser=found.docstring.parser
-                    )
-                    break
+                if found is None or found.is_alias or found.docstring is None:
+                    continue
+                text = _renamed(found, member)
+                if own is not None:  # its own text, then the sections of what it implements
+                    sections = _SECTION.search(text)
+                    if sections is None:
+                        break
+                    text = f"{own.value.rstrip()}\n\n{text[sections.start() :]}"
+                member.docstring = griffe.Docstring(
+                    text, parent=member, parser=found.docstring.parser
+                )
+                break
 
 
 class SphinxRoles(griffe.Extension):

@@ -91,7 +91,11 @@ class ResumableLoader:
             self._left = (s.epoch, s.position)
 
     def state_dict(self) -> dict[str, int]:
-        """The position of the next batch the loop will receive (not of the prefetched ones)."""
+        """The position of the next batch the loop will receive (not of the prefetched ones).
+
+        Returns:
+            ``{"seed", "epoch", "position"}``, the position that of the next batch received.
+        """
         return {"seed": self.sampler.seed, "epoch": self._epoch, "position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

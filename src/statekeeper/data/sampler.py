@@ -129,7 +129,14 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return n // r if self.drop_last else -(-n // r)
 
     def epoch_indices(self, epoch: int) -> list[int]:
-        """This rank's indices for ``epoch``, in order."""
+        """This rank's indices for ``epoch``, in order.
+
+        Args:
+            epoch: The epoch.
+
+        Returns:
+            The indices, a pure function of the seed, ``epoch``, the rank and the replicas.
+        """
         n = len(self.data_source)
         if self.shuffle:
             gen = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
@@ -145,7 +152,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return _SamplerIterator(self)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its beginning (the DistributedSampler convention)."""
+        """Start ``epoch`` from its beginning (the DistributedSampler convention).
+
+        Args:
+            epoch: The epoch whose order the next iteration yields, from its first index.
+        """
         if _check_int("epoch", epoch, 0) != self.epoch:
             self.epoch, self.position = epoch, 0
 

@@ -83,7 +83,15 @@ class Mirror:
 @dataclass(frozen=True)
 class MirrorStatus:
     """Where the uploads stand: steps waiting, the one being uploaded, the newest uploaded,
-    and the steps whose upload failed (with why)."""
+    and the steps whose upload failed (with why).
+
+    Attributes:
+        where: The mirror's location.
+        waiting: The committed steps queued for upload, oldest first.
+        uploading: The step being uploaded, or ``None``.
+        uploaded: The newest step uploaded, or ``None``.
+        failed: The steps whose upload failed, each with why.
+    """
 
     where: str
     waiting: tuple[int, ...]

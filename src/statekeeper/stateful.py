@@ -17,9 +17,21 @@ T = TypeVar("T")
 
 @runtime_checkable
 class Stateful(Protocol):
-    def state_dict(self) -> Any: ...
+    def state_dict(self) -> Any:
+        """The object's state, to be saved.
 
-    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+        Returns:
+            Nested dicts, lists and tuples of tensors and plain values (no live objects).
+        """
+        ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any:
+        """Restore the object in place from what ``state_dict`` returned.
+
+        Args:
+            state_dict: The state as saved.
+        """
+        ...
 
 
 def is_stateful(obj: object) -> bool:
@@ -30,7 +42,11 @@ def is_stateful(obj: object) -> bool:
 
 
 class Value(Generic[T]):
-    """A mutable box for a plain value: ``counter = Value(0)``; ``counter.value += 1``."""
+    """A mutable box for a plain value: ``counter = Value(0)``; ``counter.value += 1``.
+
+    Args:
+        value: The initial value (a plain, JSON-able value).
+    """
 
     def __init__(self, value: T) -> None:
         self.value = value

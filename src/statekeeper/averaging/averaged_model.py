@@ -56,7 +56,24 @@ def _policy(use_buffers: bool, buffers: BufferPolicy | None) -> BufferPolicy:
 
 
 class AveragedModel(nn.Module):
-    """An EMA/SWA average of ``model``; see the module docstring for what it fixes."""
+    """An EMA/SWA average of ``model``; see the module docstring for what it fixes.
+
+    Args:
+        model: The model to average.
+        device: Where the average lives; ``None`` keeps the model's devices.
+        avg_fn: torch's per-tensor ``avg_fn(averaged, current, num_averaged)``.
+        multi_avg_fn: torch's list ``multi_avg_fn`` (from :func:`get_ema_multi_avg_fn`...).
+        use_buffers: torch's flag: average the buffers too (see ``buffers``).
+        buffers: :class:`BufferPolicy`: what happens to each buffer, explicitly.
+        rule: An :class:`AveragingRule` (:class:`EMA`, :class:`SWA`) instead of
+            ``avg_fn`` / ``multi_avg_fn``.
+        averaged: The module (or a factory of it) that holds the average, instead of a deep
+            copy of ``model``.
+
+    Raises:
+        InvalidArgumentError: Both ``rule`` and ``avg_fn``/``multi_avg_fn``, a ``buffers``
+            that is no :class:`BufferPolicy`, or ``averaged`` that is ``model`` itself.
+    """
 
     n_averaged: Tensor
     n_calls: Tensor
@@ -128,7 +145,15 @@ class AveragedModel(nn.Module):
 
     @torch.no_grad()
     def update_parameters(self, model: nn.Module) -> None:
-        """Fold ``model``'s current weights into the average (and copy or skip buffers)."""
+        """Fold ``model``'s current weights into the average (and copy or skip buffers).
+
+        Args:
+            model: The model being trained, of the averaged model's structure.
+
+        Raises:
+            KeyMismatchError: ``model``'s parameters or buffers differ in names, shapes or dtypes
+                from the average's.
+        """
         pairing = self._pairs(model)
         call, self._calls = self._calls, self._calls + 1
         self.n_calls.add_(1)

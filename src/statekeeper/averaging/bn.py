@@ -37,7 +37,19 @@ def update_bn(
     *,
     input_fn: Callable[[Any], Any] | None = None,
 ) -> None:
-    """Reset and recompute the running statistics of every BatchNorm in ``model``."""
+    """Reset and recompute the running statistics of every BatchNorm in ``model``.
+
+    Args:
+        loader: The batches to run through ``model`` (a data loader).
+        model: The model (an :class:`AveragedModel` or any module) whose BatchNorm statistics
+            are recomputed.
+        device: Where each batch is moved before the forward; ``None`` leaves it.
+        input_fn: ``input_fn(batch)``, the model's input from a batch; default: the batch, or
+            its first element for a list or tuple.
+
+    Raises:
+        InvalidArgumentError: An argument of the wrong kind.
+    """
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return

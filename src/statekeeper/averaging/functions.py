@@ -26,7 +26,18 @@ def _decay(decay: float) -> float:
 def get_ema_multi_avg_fn(
     decay: float = 0.999,
 ) -> Callable[[list[Tensor], list[Tensor], Tensor | int], None]:
-    """EMA over lists of tensors: ``ema <- lerp(ema, current, 1 - decay)``."""
+    """EMA over lists of tensors: ``ema <- lerp(ema, current, 1 - decay)``.
+
+    Args:
+        decay: The weight of the average, in [0, 1].
+
+    Returns:
+        ``multi_avg_fn(averaged, current, num_averaged)`` for :class:`AveragedModel`,
+        updating the list ``averaged`` in place.
+
+    Raises:
+        InvalidArgumentError: ``decay`` is not a number in [0, 1].
+    """
     weight = 1.0 - _decay(decay)
 
     @torch.no_grad()
@@ -40,7 +51,12 @@ def get_ema_multi_avg_fn(
 
 
 def get_swa_multi_avg_fn() -> Callable[[list[Tensor], list[Tensor], Tensor | int], None]:
-    """The running mean over lists of tensors: ``avg <- avg + (current - avg) / (n + 1)``."""
+    """The running mean over lists of tensors: ``avg <- avg + (current - avg) / (n + 1)``.
+
+    Returns:
+        ``multi_avg_fn(averaged, current, num_averaged)`` for :class:`AveragedModel`,
+        updating the list ``averaged`` in place.
+    """
 
     @torch.no_grad()
     def swa_update(avg: list[Tensor], current: list[Tensor], n: Tensor | int) -> None:
@@ -54,7 +70,17 @@ def get_swa_multi_avg_fn() -> Callable[[list[Tensor], list[Tensor], Tensor | int
 
 
 def get_ema_avg_fn(decay: float = 0.999) -> Callable[[Tensor, Tensor, Tensor | int], Tensor]:
-    """EMA of one tensor."""
+    """EMA of one tensor.
+
+    Args:
+        decay: The weight of the average, in [0, 1].
+
+    Returns:
+        ``avg_fn(averaged, current, num_averaged)`` for :class:`AveragedModel`.
+
+    Raises:
+        InvalidArgumentError: ``decay`` is not a number in [0, 1].
+    """
     d = _decay(decay)
 
     @torch.no_grad()
@@ -65,7 +91,11 @@ def get_ema_avg_fn(decay: float = 0.999) -> Callable[[Tensor, Tensor, Tensor | i
 
 
 def get_swa_avg_fn() -> Callable[[Tensor, Tensor, Tensor | int], Tensor]:
-    """Running mean of one tensor."""
+    """Running mean of one tensor.
+
+    Returns:
+        ``avg_fn(averaged, current, num_averaged)`` for :class:`AveragedModel`.
+    """
 
     @torch.no_grad()
     def swa(avg: Tensor, current: Tensor, n: Tensor | int) -> Tensor:

@@ -110,10 +110,25 @@ def average_checkpoints(
     Tied and viewed tensors stay tied in the output. The output step is ``step`` (default:
     the newest input's). ``progress(done, total)`` is called with counts of stored tensors.
 
-    Raises ``KeyMismatchError`` listing every differing name, shape, dtype or tying,
-    ``InvalidArgumentError`` for bad weights, ``CorruptCheckpointError`` for a damaged input
-    and ``StepExistsError`` when the output step is already committed (unless ``overwrite``),
-    ``OutputExistsError`` when ``out`` is an existing file.
+    Args:
+        paths: Step directories or run directories (their newest step), two or more.
+        out: The run directory the average is saved into.
+        weights: One weight per path (finite, >= 0, not all 0; normalized); default uniform.
+        key: Average only this top-level entry; the output holds just it.
+        step: The output's step; default the newest input's.
+        overwrite: Replace the output step if it is committed.
+        progress: ``progress(done, total)`` with counts of stored tensors.
+
+    Returns:
+        The :class:`CheckpointInfo` of the step written.
+
+    Raises:
+        KeyMismatchError: The inputs differ in names, shapes, dtypes or tying (all listed).
+        InvalidArgumentError: Bad weights (count, sign, all zero).
+        CorruptCheckpointError: A damaged input.
+        StepNotFoundError: An input does not exist or has no committed step.
+        StepExistsError: The output step is committed and ``overwrite`` is False.
+        OutputExistsError: ``out`` is an existing file.
     """
     if isinstance(paths, str | bytes | os.PathLike) or not isinstance(paths, Sequence):
         raise InvalidArgumentError("paths must be a list of checkpoint directories")

@@ -32,7 +32,14 @@ class AveragingRule:
     every: int = 1
 
     def weight(self, averaged: int) -> float:
-        """Interpolation weight for the ``averaged``-th averaging update (0 copies: 1.0)."""
+        """Interpolation weight for the ``averaged``-th averaging update (0 copies: 1.0).
+
+        Args:
+            averaged: How many averaging updates came before this one.
+
+        Returns:
+            The weight of the current model in the new average, in [0, 1].
+        """
         raise NotImplementedError
 
 
@@ -53,7 +60,20 @@ def _unit(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class EMA(AveragingRule):
-    """Exponential moving average with constant ``decay`` or a power warmup to it."""
+    """Exponential moving average with constant ``decay`` or a power warmup to it.
+
+    Args:
+        decay: The weight of the average, in [0, 1].
+        update_after_step: Updates before averaging starts (the average copies the model).
+        every: Average every ``every``-th update.
+        warmup_power: With a value, the decay ramps up as
+            ``1 - (1 + n / inv_gamma) ** -warmup_power``, bounded by ``decay``.
+        inv_gamma: The warmup's time scale.
+        min_decay: The warmup's lower bound.
+
+    Raises:
+        InvalidArgumentError: A value out of its range.
+    """
 
     decay: float = 0.999
     update_after_step: int = 0
@@ -80,6 +100,14 @@ class EMA(AveragingRule):
             )
 
     def current_decay(self, averaged: int) -> float:
+        """The decay at the ``averaged``-th averaging update (the warmup's, if any).
+
+        Args:
+            averaged: How many averaging updates came before this one.
+
+        Returns:
+            The decay, in [``min_decay``, ``decay``].
+        """
         if self.warmup_power is None:
             return self.decay
         ramp = 1.0 - float((1.0 + averaged / self.inv_gamma) ** -self.warmup_power)
@@ -91,7 +119,15 @@ class EMA(AveragingRule):
 
 @dataclass(frozen=True)
 class SWA(AveragingRule):
-    """Stochastic weight averaging: the equal-weight running mean of every averaged update."""
+    """Stochastic weight averaging: the equal-weight running mean of every averaged update.
+
+    Args:
+        update_after_step: Updates before averaging starts (the average copies the model).
+        every: Average every ``every``-th update.
+
+    Raises:
+        InvalidArgumentError: ``update_after_step`` < 0 or ``every`` < 1.
+    """
 
     update_after_step: int = 0
     every: int = 1

@@ -65,6 +65,25 @@ class Checkpointer:
 
     ``incremental`` and ``origin`` are :func:`statekeeper.save`'s (with ``Incremental.REUSE``
     no tensor file is shared by every step ``keep`` keeps: ``docs/incremental.md``).
+
+    Args:
+        directory: The run directory: a path, a URL or a :class:`Storage`.
+        keep: :class:`Retention` (``KeepLatest(3) | KeepBest(1, metric="loss")``...); ``None``
+            keeps every step.
+        every: :class:`SavePolicy` deciding when :meth:`maybe_save` saves; ``None`` saves at
+            every call.
+        generators: Extra ``torch.Generator`` / ``numpy.random.Generator`` objects, by name.
+        shard_bytes: The size at which tensor data starts a new file (single-process saves).
+        clock: The time source :class:`EverySeconds` reads (tests pass a fake one).
+        async_save: Save in the background, reusing host buffers from save to save.
+        scope: :class:`Scope`: ``AUTO`` makes saves and loads collective in a job.
+        incremental: :class:`Incremental`, as for :func:`save`.
+        mirror: A :class:`Mirror`: a second tier every committed step is uploaded to.
+        origin: :class:`Origin`, as for :func:`save`.
+
+    Raises:
+        InvalidArgumentError: An option of the wrong kind or value.
+        WriterConflictError: Another live writer holds the run directory.
     """
 
     PREEMPTED_EXIT_CODE = 75  # os.EX_TEMPFAIL: a temporary failure, run me again
@@ -141,6 +160,20 @@ class Checkpointer:
         ``StatekeeperWarning`` (an older intact one is loaded); key mismatches are errors.
         With a mirror, the newest step intact on either tier is loaded (from the local tier
         when both hold it; downloaded from the mirror otherwise).
+
+        Args:
+            state: The live objects, by the names they were saved under.
+            strict: :class:`Strict`, as for :func:`load`.
+            on_optimizer_change: :class:`OptimizerChange`, as for :func:`load`.
+
+        Returns:
+            The step loaded, or ``None`` when the run has no intact step (``restore_latest(state)
+            or 0`` is the step to start from).
+
+        Raises:
+            KeyMismatchError: The newest intact step does not match the live state.
+            LoadStateError: An object's ``load_state_dict`` failed.
+            StatekeeperError: The Checkpointer is closed.
         """
         self._check_open()
         check_assignable(state)
@@ -166,7 +199,23 @@ class Checkpointer:
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
     ) -> CheckpointInfo | PendingSave | None:
-        """Save when the ``every`` policy says so (and ``step`` is not committed yet)."""
+        """Save when the ``every`` policy says so (and ``step`` is not committed yet).
+
+        Args:
+            step: The step number of the state as it is now.
+            state: The live objects and plain values to save.
+            metrics: JSON-able values kept in the manifest (what :class:`KeepBest` ranks by).
+
+        Returns:
+            The committed step's :class:`CheckpointInfo` (a ``PendingSave`` with
+            ``async_save=True``), or ``None`` when the policy did not save.
+
+        Raises:
+            UnsupportedValueError: A value would need pickle.
+            StorageError: The storage failed; with ``async_save=True`` also the previous
+                background save's error.
+            StatekeeperError: The Checkpointer is closed.
+        """
         check_save(step, state, metrics)
         if self.every is None:
             raise InvalidArgumentError(
@@ -206,7 +255,25 @@ class Checkpointer:
     ) -> CheckpointInfo | PendingSave:
         """Save now (RNG included), then apply retention (in the background if async).
         ``overwrite`` replaces the step when it is committed already (a run rolled back to
-        an older step saves its numbers again)."""
+        an older step saves its numbers again).
+
+        Args:
+            step: The step number of the state as it is now.
+            state: The live objects and plain values to save.
+            metrics: JSON-able values kept in the manifest (what :class:`KeepBest` ranks by).
+            overwrite: Replace the step if it is committed already.
+
+        Returns:
+            The committed step's :class:`CheckpointInfo` (a ``PendingSave`` with
+            ``async_save=True``).
+
+        Raises:
+            StepExistsError: The step is committed and ``overwrite`` is False.
+            UnsupportedValueError: A value would need pickle.
+            StorageError: The storage failed; with ``async_save=True`` also the previous
+                background save's error.
+            StatekeeperError: The Checkpointer is closed.
+        """
         check_save(step, state, metrics)
         require_bool("overwrite", overwrite)
         return self._save(step, state, metrics, self._writer, overwrite)
@@ -252,13 +319,25 @@ class Checkpointer:
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background save, then for the uploads to the mirror; raise the save's
-        error, then ``MirrorError`` for uploads that failed (no-op when there is neither)."""
+        error, then ``MirrorError`` for uploads that failed (no-op when there is neither).
+
+        Returns:
+            The :class:`CheckpointInfo` of the background save waited for, or ``None``.
+
+        Raises:
+            StatekeeperError: The background save's error (a :class:`StorageError`...).
+            MirrorError: Uploads to the mirror failed.
+        """
         info = None if self._writer is None else self._writer.wait()
         self._tiers.wait()
         return info
 
     def mirror_status(self) -> MirrorStatus | None:
-        """Where the uploads to the mirror stand (None without a mirror)."""
+        """Where the uploads to the mirror stand (None without a mirror).
+
+        Returns:
+            A :class:`MirrorStatus`, or ``None`` without a mirror.
+        """
         return self._tiers.status()
 
     def _wait_writer(self) -> None:
@@ -275,7 +354,11 @@ class Checkpointer:
 
     def retention_status(self) -> RetentionStatus:
         """The steps retention could not remove yet, with why (tried again at every save);
-        empty without ``keep=`` or when every removal succeeded."""
+        empty without ``keep=`` or when every removal succeeded.
+
+        Returns:
+            A :class:`RetentionStatus`: the :class:`PendingRemoval` of each step left.
+        """
         return self._retainer.status()
 
     def _check_open(self) -> None:
@@ -285,7 +368,12 @@ class Checkpointer:
     def close(self) -> None:
         """Finish a background save and the uploads to the mirror, then release the writer
         lock. A failed save is raised first; failed uploads then raise ``MirrorError``, or
-        are only warned about when the save failed too."""
+        are only warned about when the save failed too.
+
+        Raises:
+            StatekeeperError: The background save's error.
+            MirrorError: Uploads to the mirror failed (and the save did not).
+        """
         self._close(quiet_uploads=False)
 
     def _close(self, *, quiet_uploads: bool) -> None:

@@ -23,6 +23,19 @@ class CheckpointInfo:
     ``written`` is what its save wrote: ``bytes`` less the files it reused from an earlier
     step (incremental saves). ``error`` is set (and the other fields may be empty) when its
     manifest cannot be read.
+
+    Attributes:
+        step: The step number.
+        path: The step directory (a path or URL).
+        bytes: The step's size: every file it holds.
+        created: When it was committed (from its manifest).
+        metrics: The metrics saved with it.
+        files: How many files it holds.
+        error: Why its manifest cannot be read, or ``None``.
+        written: The bytes its save wrote.
+        reused_files: The files its save reused from an earlier step.
+        library: The versions of the libraries that wrote it, by name.
+        origin: Where it was written (host, command line, git), as ``Origin`` allowed.
     """
 
     step: int
@@ -66,6 +79,12 @@ class RestoreInfo:
     ``values`` holds the loaded value of every entry whose live object is immutable (an int,
     a str, a tuple...); ``load`` has assigned each into the state mapping it was given.
     ``replaced`` names live tensors that overlapped themselves (``expand``) and were replaced.
+
+    Attributes:
+        step: The step loaded.
+        path: The step directory it was loaded from.
+        values: The plain values assigned into the state mapping, by name.
+        replaced: The names of the live tensors that were replaced instead of filled.
     """
 
     step: int

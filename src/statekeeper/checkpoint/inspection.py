@@ -93,7 +93,20 @@ class ReportTotals:
 
 @dataclass(frozen=True)
 class StepReport:
-    """What one committed step holds: :func:`inspect_step` returns it."""
+    """What one committed step holds: :func:`inspect_step` returns it.
+
+    Attributes:
+        path: The step directory.
+        step: The step number.
+        created: When it was committed, as the manifest records it.
+        library: The versions of the libraries that wrote it.
+        origin: Where it was written, as ``Origin`` allowed.
+        metrics: The metrics saved with it.
+        entries: One report per top-level entry: its tensors and plain values.
+        aliases: Tensors that share memory with a stored one: alias to that tensor.
+        totals: Counts and bytes over the step.
+        reused: Files an incremental save reused: file to the ``<entry>/<file>`` it reuses.
+    """
 
     path: str
     step: int

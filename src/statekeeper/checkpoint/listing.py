@@ -38,7 +38,18 @@ def list_checkpoints(directory: PathOrStorage) -> list[CheckpointInfo]:
 
     A step renamed while it is listed (the writer's recovery putting a set-aside copy back
     as ``step_N``) is found again under its new name; where a step vanished, the run is
-    listed once more, so that a step renamed between two looks is not left out."""
+    listed once more, so that a step renamed between two looks is not left out.
+
+    Args:
+        directory: The run directory: a path, a URL or a :class:`Storage`.
+
+    Returns:
+        One :class:`CheckpointInfo` per committed step, oldest first (a damaged one with
+        ``error`` set).
+
+    Raises:
+        StorageError: The storage cannot be listed.
+    """
     storage = resolve_storage(directory)
     infos: dict[int, CheckpointInfo] = {}
     for _ in range(2):
@@ -75,7 +86,18 @@ def _listed(storage: Storage, parsed: ParsedEntry) -> CheckpointInfo | None:
 def list_partial(directory: PathOrStorage) -> list[ParsedEntry]:
     """In-progress or abandoned saves, and copies an overwrite superseded (never read by
     load). A copy an interrupted overwrite set aside while its step has no other copy is
-    that step's committed copy, listed by :func:`list_checkpoints`, not here."""
+    that step's committed copy, listed by :func:`list_checkpoints`, not here.
+
+    Args:
+        directory: The run directory: a path, a URL or a :class:`Storage`.
+
+    Returns:
+        The entries (name, step, kind) of the saves that were never committed and of
+        superseded copies.
+
+    Raises:
+        StorageError: The storage cannot be listed.
+    """
     return classify(resolve_storage(directory).entries())[1]
 
 
@@ -105,6 +127,16 @@ def remove_partial(directory: PathOrStorage) -> list[str]:
     is filling is never touched: with another writer alive this raises WriterConflictError.
     A step an interrupted overwrite set aside is put back under its own name first; damaged
     steps a restarted run set aside (``.damaged-``) are kept.
+
+    Args:
+        directory: The run directory: a path, a URL or a :class:`Storage`.
+
+    Returns:
+        The names of the directories removed.
+
+    Raises:
+        WriterConflictError: Another live writer holds the run directory.
+        StorageError: The storage failed to list or remove an entry.
     """
     storage = resolve_storage(directory)
     with writer_lock(storage):

@@ -103,6 +103,31 @@ def load(
     In a multi-process job the default ``scope=Scope.AUTO`` makes this a collective (call it
     on every rank): each rank reads only the chunks its current shards need, in any world
     size; see docs/distributed.md.
+
+    Args:
+        directory: A run directory (its newest committed step, or ``step``) or a step
+            directory: a path, a URL or a :class:`Storage`.
+        state: The live objects, by the names they were saved under; plain values are assigned
+            back into it.
+        step: The step to load; ``None`` loads the newest committed one.
+        strict: :class:`Strict`: whether keys the checkpoint or the state lack are an error.
+        progress: ``progress(done, total)`` with the bytes read and verified.
+        scope: :class:`Scope`: ``AUTO`` is a collective in a multi-process job.
+        on_optimizer_change: :class:`OptimizerChange`: ``REFUSE`` an optimizer of another class,
+            or ``RESTART`` it from scratch.
+
+    Returns:
+        A :class:`RestoreInfo`: the step, its path and the plain values assigned.
+
+    Raises:
+        StepNotFoundError: No such directory, no committed step, or no step ``step``.
+        CorruptCheckpointError: A file is missing, truncated or fails its checksum.
+        UnsupportedFormatError: The manifest's format version is not one this release reads.
+        KeyMismatchError: Keys, shapes, dtypes or an optimizer's class differ from the live
+            state (all differences listed); nothing was loaded.
+        LoadStateError: An object's ``load_state_dict`` failed; the entries before it were
+            loaded.
+        InvalidArgumentError: An argument is invalid (plain values in a read-only mapping...).
     """
     options = RestoreOptions(strict, on_optimizer_change, progress)
     check_assignable(state)

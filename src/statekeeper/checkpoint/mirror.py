@@ -42,7 +42,20 @@ class Mirror:
     ``backoff`` seconds before the first retry, doubling), how long one request may go
     without an answer (``timeout`` seconds: to connect, and between two reads; on a resume
     with local steps, the whole listing of the mirror), and how long ``close()`` waits for
-    the uploads (``close_timeout`` seconds; None waits for ever)."""
+    the uploads (``close_timeout`` seconds; None waits for ever).
+
+    Args:
+        target: The second tier: a URL, a path or a :class:`Storage`.
+        keep: :class:`Retention` of the mirror; ``None`` keeps all.
+        concurrency: Files uploaded at once.
+        retries: Retries of a failed request.
+        backoff: Seconds before the first retry, doubling.
+        timeout: Seconds one request may go without an answer.
+        close_timeout: Seconds ``close()`` waits for the uploads; ``None`` waits for ever.
+
+    Raises:
+        InvalidArgumentError: An option of the wrong kind or value.
+    """
 
     target: PathOrStorage
     keep: Retention | None = None
@@ -70,7 +83,15 @@ class Mirror:
 @dataclass(frozen=True)
 class MirrorStatus:
     """Where the uploads stand: steps waiting, the one being uploaded, the newest uploaded,
-    and the steps whose upload failed (with why)."""
+    and the steps whose upload failed (with why).
+
+    Attributes:
+        where: The mirror's location.
+        waiting: The committed steps queued for upload, oldest first.
+        uploading: The step being uploaded, or ``None``.
+        uploaded: The newest step uploaded, or ``None``.
+        failed: The steps whose upload failed, each with why.
+    """
 
     where: str
     waiting: tuple[int, ...]

@@ -42,6 +42,15 @@ class SavePolicy:
     """Base of the save policies."""
 
     def should_save(self, step: int, seconds_since_save: float) -> bool:
+        """Whether the Checkpointer saves at ``step``.
+
+        Args:
+            step: The step ``maybe_save`` was called with.
+            seconds_since_save: Seconds since the last save (or since the start).
+
+        Returns:
+            True to save now.
+        """
         raise NotImplementedError
 
     def __or__(self, other: SavePolicy) -> SavePolicy:
@@ -56,7 +65,15 @@ def _parts(policy: SavePolicy) -> tuple[SavePolicy, ...]:
 
 @dataclass(frozen=True)
 class EverySteps(SavePolicy):
-    """Save when ``step`` is a multiple of ``n``."""
+    """Save when ``step`` is a multiple of ``n``.
+
+    Args:
+        n: The interval in steps.
+
+    Raises:
+        InvalidArgumentError: ``n`` is not a positive int (``InvalidArgumentTypeError``
+            when it is no int at all).
+    """
 
     n: int
 
@@ -69,7 +86,14 @@ class EverySteps(SavePolicy):
 
 @dataclass(frozen=True)
 class EverySeconds(SavePolicy):
-    """Save when at least ``seconds`` passed since the last save (or since the start)."""
+    """Save when at least ``seconds`` passed since the last save (or since the start).
+
+    Args:
+        seconds: The interval in seconds, > 0.
+
+    Raises:
+        InvalidArgumentError: ``seconds`` is not a positive finite number.
+    """
 
     seconds: float
 
@@ -90,7 +114,15 @@ class EverySeconds(SavePolicy):
 
 @dataclass(frozen=True)
 class AtSteps(SavePolicy):
-    """Save at exactly these steps."""
+    """Save at exactly these steps.
+
+    Args:
+        *steps: The steps to save at.
+
+    Raises:
+        InvalidArgumentError: A step is not an int >= 0 (``InvalidArgumentTypeError`` when
+            it is no int).
+    """
 
     steps: frozenset[int]
 
@@ -119,6 +151,12 @@ class OnSignal(SavePolicy):
     exits, with ``Checkpointer.PREEMPTED_EXIT_CODE`` for a scheduler that requeues. In a
     multi-process job every rank saves at the same step when any rank was signalled.
     Signals are ``signal.Signals``, numbers or names (``"SIGUSR1"``).
+
+    Args:
+        *signals: The signals that mean pre-emption.
+
+    Raises:
+        InvalidArgumentError: No signal, or one that is not a signal of this platform.
     """
 
     signals: tuple[signal.Signals, ...]
@@ -159,6 +197,14 @@ class Retention:
     """Base of the retention policies."""
 
     def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
+        """The steps this policy keeps.
+
+        Args:
+            checkpoints: The committed steps, oldest first.
+
+        Returns:
+            The step numbers to keep; the Checkpointer removes the others.
+        """
         raise NotImplementedError
 
     def __or__(self, other: Retention) -> Retention:
@@ -173,7 +219,15 @@ def _kept(policy: Retention) -> tuple[Retention, ...]:
 
 @dataclass(frozen=True)
 class KeepLatest(Retention):
-    """Keep the ``n`` newest steps."""
+    """Keep the ``n`` newest steps.
+
+    Args:
+        n: How many of the newest committed steps survive.
+
+    Raises:
+        InvalidArgumentError: ``n`` is not a positive int (``InvalidArgumentTypeError``
+            when it is no int at all).
+    """
 
     n: int
 
@@ -186,7 +240,17 @@ class KeepLatest(Retention):
 
 @dataclass(frozen=True)
 class KeepBest(Retention):
-    """Keep the ``n`` steps with the best ``metric`` (steps without it are not ranked)."""
+    """Keep the ``n`` steps with the best ``metric`` (steps without it are not ranked).
+
+    Args:
+        n: How many steps survive.
+        metric: The name of a metric given to ``save`` / ``maybe_save``.
+        mode: ``Mode.MIN`` (lowest is best) or ``Mode.MAX``.
+
+    Raises:
+        InvalidArgumentError: ``n`` is not a positive int, ``metric`` is empty or ``mode``
+            is no ``Mode``.
+    """
 
     n: int
     metric: str
@@ -224,7 +288,15 @@ def _rankable(value: object) -> float | None:
 
 @dataclass(frozen=True)
 class KeepEvery(Retention):
-    """Keep every step that is a multiple of ``n`` (milestones)."""
+    """Keep every step that is a multiple of ``n`` (milestones).
+
+    Args:
+        n: The interval of the steps kept.
+
+    Raises:
+        InvalidArgumentError: ``n`` is not a positive int (``InvalidArgumentTypeError``
+            when it is no int at all).
+    """
 
     n: int
 

@@ -25,7 +25,13 @@ __all__ = ["PendingRemoval", "RetentionStatus", "Retainer", "apply_retention", "
 
 @dataclass(frozen=True)
 class PendingRemoval:
-    """A step retention decided to delete but could not: where it is and why."""
+    """A step retention decided to delete but could not: where it is and why.
+
+    Attributes:
+        step: The step retention decided to delete.
+        path: Where it is.
+        reason: Why it could not be removed.
+    """
 
     step: int
     path: str
@@ -36,7 +42,12 @@ class PendingRemoval:
 class RetentionStatus:
     """What ``Checkpointer.retention_status()`` reports: the steps retention could not remove
     yet (each tried again at the next save), and why the last pass failed as a whole (the
-    run directory could not be listed, a policy raised), or None."""
+    run directory could not be listed, a policy raised), or None.
+
+    Attributes:
+        pending: The :class:`PendingRemoval` of each step left.
+        error: Why the last retention pass failed as a whole, or ``None``.
+    """
 
     pending: tuple[PendingRemoval, ...] = ()
     error: str | None = None

@@ -242,10 +242,7 @@ def save(
     """Save ``state`` as committed step ``step`` of the run ``directory``.
 
     ``state`` maps names to Stateful objects (anything with ``state_dict``/``load_state_dict``)
-    or plain values. The step becomes visible only once all its bytes are durable. Raises
-    ``StepExistsError`` if the step is committed already (unless ``overwrite=True``),
-    ``WriterConflictError`` if another live writer holds the directory, and
-    ``UnsupportedValueError`` (naming the key path) for a value that would need pickle.
+    or plain values. The step becomes visible only once all its bytes are durable.
 
     With ``blocking=False`` the call returns once the tensors are copied to host memory and
     a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
@@ -272,6 +269,34 @@ def save(
     ``origin`` (an :class:`Origin`) is how much the manifest records about where the step was
     written (host, command line, git commit); ``None`` takes the ``STATEKEEPER_ORIGIN``
     environment variable, else ``Origin.REDACTED`` (secret-looking arguments redacted).
+
+    Args:
+        directory: The run directory: a path, a URL or a :class:`Storage`.
+        state: Names to Stateful objects (modules, optimizers, schedulers, loaders) or plain
+            values.
+        step: The step number, an int >= 0; the step directory is ``step_<step:09d>``.
+        metrics: JSON-able values kept in the manifest (what :class:`KeepBest` ranks by).
+        overwrite: Replace the step if it is committed already.
+        shard_bytes: The size at which tensor data starts a new file.
+        blocking: ``False`` returns once the tensors are copied to host memory, the write and
+            the commit running in the background.
+        scope: :class:`Scope`: ``AUTO`` is a collective in a multi-process job.
+        progress: ``progress(done, total)`` with the tensor bytes written (blocking
+            single-process saves only).
+        incremental: :class:`Incremental`: whether unchanged tensor files are linked.
+        origin: :class:`Origin`: what the manifest records about where the step was written.
+
+    Returns:
+        The committed step's :class:`CheckpointInfo`; with ``blocking=False``, a
+        ``PendingSave`` whose ``wait()`` returns it.
+
+    Raises:
+        StepExistsError: The step is committed already and ``overwrite`` is False.
+        WriterConflictError: Another live writer holds the run directory.
+        UnsupportedValueError: A value would need pickle (the message names its key path).
+        InvalidArgumentError: An argument is invalid (a negative step, metrics that are not
+            JSON, ``progress`` with ``blocking=False``...).
+        StorageError: The storage failed to write or commit the step.
     """
     storage = resolve_storage(directory)
     check_save(step, state, metrics)

@@ -42,7 +42,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StepVerification:
-    """The outcome of verifying one committed step."""
+    """The outcome of verifying one committed step.
+
+    Attributes:
+        step: The step, or ``None`` when neither the directory name nor the manifest tells.
+        path: The step directory.
+        ok: Whether every check passed.
+        error: What is wrong (the file and the fix); ``None`` when ``ok``.
+        bytes: The step's size according to its manifest (0 when that is unreadable).
+    """
 
     step: int | None  # None when neither the directory name nor the manifest tells
     path: str
@@ -53,7 +61,12 @@ class StepVerification:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """Every verified step, oldest first; ``ok`` when all of them passed."""
+    """Every verified step, oldest first; ``ok`` when all of them passed.
+
+    Attributes:
+        steps: One :class:`StepVerification` per step, oldest first.
+        ok: Whether every step passed.
+    """
 
     steps: tuple[StepVerification, ...]
     ok: bool = field(init=False)

@@ -45,7 +45,16 @@ def _resumable_parts(loader: torch.utils.data.DataLoader[Any]) -> tuple[Resumabl
 
 
 class ResumableLoader:
-    """A ``DataLoader`` that knows which batch comes next, and can resume there."""
+    """A ``DataLoader`` that knows which batch comes next, and can resume there.
+
+    Args:
+        loader: The ``DataLoader`` to wrap (its sampler a :class:`ResumableSampler`, or a
+            batch sampler a :class:`ResumableBatchSampler`).
+
+    Raises:
+        InvalidArgumentError: The loader's sampler is no :class:`ResumableSampler` (nor its
+            batch sampler a :class:`ResumableBatchSampler`).
+    """
 
     def __init__(self, loader: torch.utils.data.DataLoader[Any]) -> None:
         self.loader = loader
@@ -82,7 +91,11 @@ class ResumableLoader:
             self._left = (s.epoch, s.position)
 
     def state_dict(self) -> dict[str, int]:
-        """The position of the next batch the loop will receive (not of the prefetched ones)."""
+        """The position of the next batch the loop will receive (not of the prefetched ones).
+
+        Returns:
+            ``{"seed", "epoch", "position"}``, the position that of the next batch received.
+        """
         return {"seed": self.sampler.seed, "epoch": self._epoch, "position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -90,6 +90,17 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
     ``data_source`` is the dataset (or anything with ``len``). ``num_replicas`` / ``rank``
     shard each epoch across distributed ranks; every rank gets ``len(self)`` indices.
+
+    Args:
+        data_source: The dataset, or anything with ``len``.
+        seed: The seed the order of every epoch derives from.
+        shuffle: ``False`` for the sequential order.
+        num_replicas: The number of ranks that share the data.
+        rank: This rank, below ``num_replicas``.
+        drop_last: Drop the tail that does not divide among the ranks (else it is padded).
+
+    Raises:
+        InvalidArgumentError: A negative seed or count, or ``rank`` not below ``num_replicas``.
     """
 
     def __init__(
@@ -118,7 +129,14 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return n // r if self.drop_last else -(-n // r)
 
     def epoch_indices(self, epoch: int) -> list[int]:
-        """This rank's indices for ``epoch``, in order."""
+        """This rank's indices for ``epoch``, in order.
+
+        Args:
+            epoch: The epoch.
+
+        Returns:
+            The indices, a pure function of the seed, ``epoch``, the rank and the replicas.
+        """
         n = len(self.data_source)
         if self.shuffle:
             gen = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
@@ -134,7 +152,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return _SamplerIterator(self)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its beginning (the DistributedSampler convention)."""
+        """Start ``epoch`` from its beginning (the DistributedSampler convention).
+
+        Args:
+            epoch: The epoch whose order the next iteration yields, from its first index.
+        """
         if _check_int("epoch", epoch, 0) != self.epoch:
             self.epoch, self.position = epoch, 0
 
@@ -157,7 +179,17 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
 
 class ResumableBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """Batches of a :class:`ResumableSampler`; its position counts samples, like the sampler's."""
+    """Batches of a :class:`ResumableSampler`; its position counts samples, like the sampler's.
+
+    Args:
+        sampler: The :class:`ResumableSampler` whose indices are batched.
+        batch_size: The number of indices per batch.
+        drop_last: Drop the last, incomplete batch.
+
+    Raises:
+        InvalidArgumentError: ``sampler`` is no :class:`ResumableSampler`, or ``batch_size`` is
+            not a positive int.
+    """
 
     def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool = False) -> None:
         if not isinstance(sampler, ResumableSampler):

@@ -27,7 +27,12 @@ T = TypeVar("T")
 
 
 class SeededDataset(torch.utils.data.Dataset[T], Generic[T]):
-    """``dataset`` whose items are drawn with RNGs seeded from (seed, epoch, index)."""
+    """``dataset`` whose items are drawn with RNGs seeded from (seed, epoch, index).
+
+    Args:
+        dataset: The map-style dataset to wrap.
+        seed: The seed every item's RNGs derive from, with the epoch and the index.
+    """
 
     def __init__(self, dataset: torch.utils.data.Dataset[T], seed: int = 0) -> None:
         self.dataset = dataset

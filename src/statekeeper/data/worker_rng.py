@@ -66,7 +66,11 @@ def _set_process_rng(state: Mapping[str, Any]) -> None:
 
 class WorkerRNGDataset(torch.utils.data.Dataset[T], Generic[T]):
     """``dataset``, with the random state of the process that draws its items saved and
-    restored by ``StatefulDataLoader`` (see the module docstring)."""
+    restored by ``StatefulDataLoader`` (see the module docstring).
+
+    Args:
+        dataset: The dataset to wrap.
+    """
 
     def __init__(self, dataset: torch.utils.data.Dataset[T]) -> None:
         self.dataset = dataset

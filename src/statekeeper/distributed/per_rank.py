@@ -16,6 +16,9 @@ class PerRank:
     RNG states and data loaders are per rank already; wrap anything else that differs
     between ranks (a custom sampler, a per-rank counter object). Every other entry that is
     not a module or optimizer is taken as replicated and saved from rank 0.
+
+    Args:
+        obj: The Stateful object that differs from rank to rank.
     """
 
     def __init__(self, obj: Any) -> None:

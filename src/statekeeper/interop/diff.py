@@ -58,7 +58,23 @@ class Change:
 
 @dataclass(frozen=True)
 class DiffResult:
-    """What ``diff`` found; ``equal`` is True when nothing differs."""
+    """What ``diff`` found; ``equal`` is True when nothing differs.
+
+    Attributes:
+        a: The first input, as named in messages.
+        b: The second input.
+        only_a: Keys only ``a`` has.
+        only_b: Keys only ``b`` has.
+        changed: Keys whose kind, shape, dtype or plain value differ.
+        different: Tensors of the same shape outside the tolerance, largest
+            ``max_abs`` first.
+        equal_tensors: The keys of the tensors found equal.
+        equal_values: How many plain values were equal.
+        atol: The absolute tolerance used.
+        rtol: The relative tolerance used.
+        notes: What the comparison did besides matching keys (a side compared whole, tied
+            keys dropped, prefixes stripped).
+    """
 
     a: str
     b: str
@@ -77,6 +93,11 @@ class DiffResult:
         return not (self.only_a or self.only_b or self.changed or self.different)
 
     def to_json(self) -> dict[str, Any]:
+        """The result as JSON-able data, ``equal`` included (``statekeeper diff --json``).
+
+        Returns:
+            A dict of the fields and ``equal``.
+        """
         data = asdict(self)
         data["equal"] = self.equal
         return data
@@ -224,6 +245,26 @@ def diff(
     ``tied`` decides whether a key one side omits because it is tied to another counts as
     equal (:class:`~statekeeper.interop.tied.TiedKeys`; by default for Hugging Face folders
     and safetensors files, which store tied weights once).
+
+    Args:
+        a: A checkpoint path of any readable format, or a state already read.
+        b: The other one, likewise.
+        atol: Absolute tolerance per element.
+        rtol: Relative tolerance per element (relative to ``b``).
+        key: Compare only this sub-tree of each side that has it.
+        strip: Key prefixes to remove on both sides before matching.
+        tied: :class:`TiedKeys`: whether a key omitted because it is tied counts as equal.
+        progress: ``progress(done, total)`` over the tensors compared.
+
+    Returns:
+        A :class:`DiffResult`: ``equal``, ``only_a``, ``only_b``, ``changed``, ``different``.
+
+    Raises:
+        InvalidArgumentError: Negative or non-finite tolerances, a ``tied`` that is no
+            :class:`TiedKeys`, or a ``key`` neither side has.
+        StepNotFoundError: A path that does not exist.
+        CorruptCheckpointError: A damaged input.
+        UnsafePickleError: A pickle-based input asks for more than tensors.
     """
     if not isinstance(tied, TiedKeys):
         raise InvalidArgumentError(f"tied must be a TiedKeys, got {tied!r}")

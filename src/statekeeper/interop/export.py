@@ -115,6 +115,25 @@ def export(
     stored once with their aliases in the metadata; ``statekeeper.read(out)`` gives every
     name back, so ``model.load_state_dict(statekeeper.read(out))`` works. An existing
     ``out`` is replaced only with ``overwrite=True`` (``OutputExistsError`` otherwise).
+
+    Args:
+        src: A checkpoint path of any readable format, or a state already read.
+        out: The ``.safetensors`` file to write.
+        key: The module sub-tree to export; default: the one that holds the model weights.
+        dtype: ``"bf16"``, ``"fp16"``, ``"fp32"`` (or a torch dtype) to cast floating tensors to.
+        strip: Key prefixes to remove (``WRAPPER_PREFIXES`` for ``module.`` / ``_orig_mod.``).
+        overwrite: Replace an existing ``out``.
+        progress: ``progress(done, total)`` of the reading.
+
+    Returns:
+        An ``ExportResult``: the file written, its tensors and bytes.
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is False.
+        InvalidArgumentError: An unknown ``dtype``, or a sub-tree without tensors.
+        StepNotFoundError: ``src`` does not exist.
+        CorruptCheckpointError: A damaged source.
+        UnsafePickleError: A pickle-based source asks for more than tensors.
     """
     from statekeeper.interop.reading import read
 

@@ -60,17 +60,27 @@ def inspect(target: PathOrStorage, *, step: int | None = None) -> StepReport | D
     :func:`~statekeeper.interop.frameworks.framework_folder`), its newest entry, or the one
     of ``step``, described as above.
 
-    Raises ``StepNotFoundError`` for a path that does not exist or holds no such committed
-    step; ``InvalidArgumentError`` for a file of no known format or a ``step`` that does not
-    apply (foreign checkpoints have no steps); ``CorruptCheckpointError`` for a damaged
-    manifest or foreign file; ``UnsupportedFormatError`` for a manifest this release cannot
-    read; ``UnsafePickleError`` for a pickle that asks for more than tensors.
-
     >>> report = inspect("runs/exp1")  # doctest: +SKIP
     >>> report.step, report.totals.tensors, report.metrics  # doctest: +SKIP
     (200, 12, {'loss': 0.75})
     >>> inspect("model.safetensors").tensors[0]  # doctest: +SKIP
     TensorInfo(key='embed.weight', shape=[6, 4], dtype='float32', bytes=96, alias_of=None)
+
+    Args:
+        target: A statekeeper run or step directory (a path, a URL or a :class:`Storage`),
+            a foreign checkpoint file or folder, or a folder of framework checkpoints.
+        step: The step of a run (or of a framework folder) to describe; default the newest.
+
+    Returns:
+        A :class:`StepReport` for a statekeeper step, a :class:`ForeignReport` for a foreign
+        checkpoint.
+
+    Raises:
+        StepNotFoundError: The path does not exist or holds no such committed step.
+        InvalidArgumentError: A file of no known format, or a ``step`` that does not apply.
+        CorruptCheckpointError: A damaged manifest or foreign file.
+        UnsupportedFormatError: A manifest this release cannot read.
+        UnsafePickleError: A pickle that asks for more than tensors.
     """
     folder = framework_folder(target) if isinstance(target, str | os.PathLike) else None
     if folder is not None:  # a framework's folder: its newest entry (or the one of ``step``)

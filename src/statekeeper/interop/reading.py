@@ -65,6 +65,23 @@ def read(
     Tensors that shared memory when saved share it again. A local path in another format
     (``torch.save`` file, safetensors file or folder, Lightning, Accelerate, DCP) is read
     safely by the readers of this package (see docs/interop.md).
+
+    Args:
+        directory: A run directory (its newest step, or ``step``) or a step directory (a
+            path, a URL or a :class:`Storage`), or a checkpoint of another format (a local
+            path).
+        step: The step of a run to read; foreign checkpoints have none.
+        progress: ``progress(done, total)`` with the bytes read.
+
+    Returns:
+        The nested state: dicts, lists and plain values, tensors on the CPU.
+
+    Raises:
+        StepNotFoundError: No such path, or no such committed step.
+        CorruptCheckpointError: A file is damaged or fails its checksum.
+        UnsupportedFormatError: A manifest this release cannot read.
+        UnsafePickleError: A pickle-based file asks for more than tensors.
+        InvalidArgumentError: ``step`` for a foreign checkpoint, or a path of no known format.
     """
     require_callable("progress", progress, "progress(done, total)")
     foreign = foreign_format(directory)

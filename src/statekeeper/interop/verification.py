@@ -68,16 +68,27 @@ def verify(
     ``ok`` False and an ``error`` naming the file and the fix, and ``report.ok`` is False.
     ``progress(done, total)`` counts bytes over all the steps verified.
 
-    Raises ``InvalidArgumentError`` for a foreign checkpoint (it has no checksums: read it
-    with :func:`statekeeper.interop.inspection.inspect` or convert it) or a ``step`` that
-    contradicts a step directory, and ``StepNotFoundError`` when there is nothing to verify:
-    no such path or step, a file, or a run without committed steps.
-
     >>> report = verify("runs/exp1")  # doctest: +SKIP
     >>> report.ok, [(s.step, s.ok) for s in report.steps]  # doctest: +SKIP
     (False, [(100, True), (200, False)])
     >>> print(report.failed[0].error)  # doctest: +SKIP
     runs/exp1/step_000000200/tensors-00000.safetensors: checksum mismatch ...
+
+    Args:
+        target: A step or run directory (a path, a URL or a :class:`Storage`), or a folder
+            of framework checkpoints.
+        step: One step of a run; default every committed step.
+        progress: ``progress(done, total)`` with the bytes verified over all the steps.
+
+    Returns:
+        A :class:`VerifyReport`: one :class:`StepVerification` per step, ``ok`` and ``failed``.
+        A damaged step does not raise.
+
+    Raises:
+        InvalidArgumentError: A foreign checkpoint (it has no checksums), or a ``step`` that
+            contradicts a step directory.
+        StepNotFoundError: Nothing to verify: no such path or step, a file, or a run without
+            committed steps.
     """
     require_callable("progress", progress, "progress(done, total)")  # before any reading
     return verify_locations(verify_targets(target, step), progress)

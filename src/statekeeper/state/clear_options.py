@@ -34,7 +34,13 @@ class ClearAction(StrEnum):
 @dataclass(frozen=True)
 class Cleared:
     """One attribute or buffer (``module.path.name``), or a module (``CUSTOM``), cleared;
-    ``bytes`` is the tensor data it held (each tensor counted once per call)."""
+    ``bytes`` is the tensor data it held (each tensor counted once per call).
+
+    Attributes:
+        path: The attribute or buffer (``module.path.name``), or the module.
+        action: The :class:`ClearAction` taken.
+        bytes: The tensor data it held.
+    """
 
     path: str
     action: ClearAction
@@ -43,7 +49,11 @@ class Cleared:
 
 @dataclass
 class ClearReport:
-    """What a ``clear_state`` call cleared; pass one as ``report=`` to have it filled."""
+    """What a ``clear_state`` call cleared; pass one as ``report=`` to have it filled.
+
+    Attributes:
+        cleared: One :class:`Cleared` per attribute, buffer or module cleared.
+    """
 
     cleared: list[Cleared] = field(default_factory=list)
 

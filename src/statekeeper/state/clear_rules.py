@@ -35,7 +35,15 @@ _RUNNING: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
 def register_clear_rule(cls: type, rule: Rule) -> None:
     """Clear instances of ``cls`` (and of its subclasses) with ``rule(module)`` instead of
     the generic clearing: for classes you cannot give a ``statekeeper_clear_state`` method.
-    A later registration for the same class replaces the earlier one."""
+    A later registration for the same class replaces the earlier one.
+
+    Args:
+        cls: The class whose instances (and subclasses') the rule clears.
+        rule: ``rule(module)``, called for each instance.
+
+    Raises:
+        InvalidArgumentError: ``cls`` is no class or ``rule`` is not callable.
+    """
     if not isinstance(cls, type) or not callable(rule):
         raise InvalidArgumentError(
             "register_clear_rule takes a class and a callable rule(module), "

@@ -211,7 +211,22 @@ def clear_state(
     ``ClearInclude.TRANSIENT``), ``like``: a freshly constructed instance of the model's
     class, which finds the transient tensors a forward made without autograd history and
     gives each attribute back the value ``__init__`` left. ``report`` is filled with what
-    was cleared (paths from the outermost model, when a rule makes the call)."""
+    was cleared (paths from the outermost model, when a rule makes the call).
+
+    Args:
+        module: The model (a ``torch.nn.Module``) to clear, in place.
+        mode: :class:`ClearMode`: ``EMPTY`` (default) or ``RELEASE``.
+        include: :class:`ClearInclude`: ``TRANSIENT`` (default) or also ``BATCH_STATE``.
+        like: A freshly constructed instance of the model's class.
+        report: A :class:`ClearReport` to fill with what was cleared.
+
+    Returns:
+        ``module`` itself.
+
+    Raises:
+        InvalidArgumentError: ``module`` is no ``torch.nn.Module``, an option is invalid, or a
+            registered rule failed (the message names the rule).
+    """
     if not isinstance(module, torch.nn.Module):
         raise InvalidArgumentError(f"clear_state takes a torch.nn.Module, got {type(module)}")
     chosen_mode = None if mode is None else _choice(ClearMode, mode, "mode")

@@ -1,5 +1,5 @@
-"""Whether two values are the same: the one comparison statekeeper, its tests, ``testing``
-and the doctor use.
+"""Whether two values are the same: the one comparison statekeeper, ``testing`` and the
+doctor use (the suite's own ``tests/conftest.py`` still has a bitwise one of its own).
 
 How values compare is a :class:`Criterion`: a :class:`Match` mode and, for ``ALLCLOSE``,
 tolerances.

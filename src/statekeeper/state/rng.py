@@ -29,7 +29,11 @@ def _cuda_in_use() -> bool:
 
 
 class RNGState:
-    """The state of all global generators plus the ``generators`` registered by name."""
+    """The state of all global generators plus the ``generators`` registered by name.
+
+    Args:
+        generators: Extra ``torch.Generator`` / ``numpy.random.Generator`` objects, by name.
+    """
 
     def __init__(self, generators: Mapping[str, Generator] | None = None) -> None:
         require_mapping(
@@ -65,7 +69,15 @@ class RNGState:
         return state
 
     def mismatches(self, state: Mapping[str, Any], entry: str = "rng") -> list[str]:
-        """Every way ``state`` does not fit the registered generators (empty when it fits)."""
+        """Every way ``state`` does not fit the registered generators (empty when it fits).
+
+        Args:
+            state: A saved RNG state, as ``state_dict`` returned it.
+            entry: The entry's name, for the messages.
+
+        Returns:
+            One message per mismatch.
+        """
         if not isinstance(state, Mapping) or not {"python", "numpy", "torch"} <= set(state):
             return [f"{entry}: checkpoint holds no RNG state"]
         saved = dict(state.get("generators", {}))

@@ -205,29 +205,84 @@ class Storage(Protocol):
     """
 
     def describe(self, entry: str = "", name: str = "") -> str:
-        """A human-readable location for messages (a path or URL)."""
+        """A human-readable location for messages (a path or URL).
+
+        Args:
+            entry: An entry (a step directory's name); ``""`` for the run directory.
+            name: A file of ``entry``; ``""`` for the entry itself.
+
+        Returns:
+            The location as a path or URL.
+        """
         ...
 
     def entries(self) -> list[str]:
-        """Names of all entries in the run directory (committed or not), sorted."""
+        """Names of all entries in the run directory (committed or not), sorted.
+
+        Returns:
+            The entry names, sorted.
+
+        Raises:
+            StorageError: The storage cannot be listed.
+        """
         ...
 
     def files(self, entry: str) -> list[str]:
-        """Names of the files in ``entry``, sorted; ``FileNotFoundError`` if it is absent."""
+        """Names of the files in ``entry``, sorted; ``FileNotFoundError`` if it is absent.
+
+        Args:
+            entry: The entry to list.
+
+        Returns:
+            The file names, sorted.
+
+        Raises:
+            FileNotFoundError: ``entry`` does not exist.
+        """
         ...
 
     def read(self, entry: str, name: str) -> bytes | bytearray | mmap.mmap:
         """A file's bytes; a writable buffer (bytearray, copy-on-write mmap) where the backend
         can give one without a copy, so tensors can be views of it. ``FileNotFoundError`` if
-        it is absent."""
+        it is absent.
+
+        Args:
+            entry: The entry that holds the file.
+            name: The file's name.
+
+        Returns:
+            The file's bytes (``bytes``, a ``bytearray`` or a copy-on-write ``mmap``).
+
+        Raises:
+            FileNotFoundError: The file does not exist.
+        """
         ...
 
     def size(self, entry: str, name: str) -> int:
-        """A file's size in bytes; ``FileNotFoundError`` if it is absent."""
+        """A file's size in bytes; ``FileNotFoundError`` if it is absent.
+
+        Args:
+            entry: The entry that holds the file.
+            name: The file's name.
+
+        Returns:
+            The size in bytes.
+
+        Raises:
+            FileNotFoundError: The file does not exist.
+        """
         ...
 
     def begin(self, entry: str, *, replace: bool = False) -> Transaction:
-        """Start writing ``entry``; with ``replace`` the commit swaps out an existing one."""
+        """Start writing ``entry``; with ``replace`` the commit swaps out an existing one.
+
+        Args:
+            entry: The entry to write.
+            replace: Whether the commit may swap out an existing committed entry.
+
+        Returns:
+            The :class:`Transaction` to write the files through, then commit or abort.
+        """
         ...
 
     def remove(self, entry: str) -> None:
@@ -236,11 +291,22 @@ class Storage(Protocol):
         Atomic for readers: a committed entry stops being listed as committed before any of
         its files go (local: renamed to ``<entry>.removing-<id>`` first; object stores: the
         commit marker is removed first), so a kill mid-way never leaves a listed entry that
-        lacks files."""
+        lacks files.
+
+        Args:
+            entry: The entry to delete.
+        """
         ...
 
     def writer_lock(self) -> AbstractContextManager[None]:
-        """Exclusive right to write; raises ``WriterConflictError`` if a live writer holds it."""
+        """Exclusive right to write; raises ``WriterConflictError`` if a live writer holds it.
+
+        Returns:
+            A context manager holding the run directory's writer lock.
+
+        Raises:
+            WriterConflictError: A live writer holds the lock already.
+        """
         ...
 
 
@@ -253,5 +319,12 @@ class SharedStorage(Storage, Protocol):
     """
 
     def attach(self, entry: str) -> FileWriter:
-        """Write files into the in-progress ``entry`` (``Transaction.entry`` of its owner)."""
+        """Write files into the in-progress ``entry`` (``Transaction.entry`` of its owner).
+
+        Args:
+            entry: The in-progress entry, ``Transaction.entry`` of its owner.
+
+        Returns:
+            A writer of files into it (it neither commits nor aborts).
+        """
         ...

@@ -112,6 +112,11 @@ class FsspecStorage:
     """Entries are "directories" (key prefixes) under ``url``; see :mod:`statekeeper.storage.base`.
 
     ``storage_options`` go to the fsspec file system (credentials, endpoint, ...).
+
+    Args:
+        url: The run directory's URL (``s3://bucket/run``, ``gs://...``).
+        marker: The file whose presence commits an entry.
+        **storage_options: Options of the fsspec file system (credentials, endpoint...).
     """
 
     capabilities = Capabilities(local_reads=False, directories=False)  # a read is a download

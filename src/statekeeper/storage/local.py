@@ -109,7 +109,11 @@ class _LocalTransaction(_LocalFiles):
 
 
 class LocalStorage:
-    """Entries are sub-directories of ``root``; see :mod:`statekeeper.storage.base`."""
+    """Entries are sub-directories of ``root``; see :mod:`statekeeper.storage.base`.
+
+    Args:
+        root: The run directory.
+    """
 
     capabilities = Capabilities(local_reads=True, directories=True)
 

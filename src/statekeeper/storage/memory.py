@@ -89,7 +89,13 @@ class _MemoryTransaction(EntryWriter):
 
 
 class MemoryStorage:
-    """See the module docstring; entries live in dictionaries."""
+    """See the module docstring; entries live in dictionaries.
+
+    Args:
+        fail_at: Make the ``fail_at``-th operation (0-based) raise :class:`InjectedFailure`
+            (tests).
+        name: The URL that messages name it by.
+    """
 
     capabilities = Capabilities(local_reads=False, directories=False)  # no files, no mapping
 

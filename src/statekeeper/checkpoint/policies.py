@@ -18,6 +18,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, ClassVar, Generic, TypeVar
 
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.signals import signal_of
@@ -38,7 +39,46 @@ def _positive_int(name: str, value: object) -> None:
         raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
 
 
-class SavePolicy:
+@dataclass(frozen=True)
+class _PositiveN:
+    """A policy of one positive int ``n``, checked on construction."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _positive_int(f"{type(self).__name__}(n)", self.n)
+
+
+P = TypeVar("P", bound="_Composable[Any]")
+
+
+class _Composable(Generic[P]):
+    """``a | b`` of one family of policies (``P``: the save policies, or the retention
+    policies): the family's union policy of both sides' parts, nested unions flattened."""
+
+    _family: ClassVar[type[Any]]
+    """The family's base class (set on it by ``__init_subclass__``)."""
+    _union: ClassVar[type[Any]]
+    """The family's union policy (``AnySave``, ``KeepAny``), set once it is defined."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if _Composable in cls.__bases__:  # the base of a family: SavePolicy, Retention
+            cls._family = cls
+
+    def __or__(self, other: P) -> P:
+        if not isinstance(other, self._family):
+            return NotImplemented
+        union: P = self._union((*_parts(self), *_parts(other)))
+        return union
+
+
+def _parts(policy: _Composable[Any]) -> tuple[Any, ...]:
+    """The policies a union holds; any other policy alone."""
+    return policy.policies if isinstance(policy, policy._union) else (policy,)
+
+
+class SavePolicy(_Composable["SavePolicy"]):
     """Base of the save policies."""
 
     def should_save(self, step: int, seconds_since_save: float) -> bool:
@@ -53,18 +93,9 @@ class SavePolicy:
         """
         raise NotImplementedError
 
-    def __or__(self, other: SavePolicy) -> SavePolicy:
-        if not isinstance(other, SavePolicy):
-            return NotImplemented
-        return AnySave((*_parts(self), *_parts(other)))
-
-
-def _parts(policy: SavePolicy) -> tuple[SavePolicy, ...]:
-    return policy.policies if isinstance(policy, AnySave) else (policy,)
-
 
 @dataclass(frozen=True)
-class EverySteps(SavePolicy):
+class EverySteps(_PositiveN, SavePolicy):
     """Save when ``step`` is a multiple of ``n``.
 
     Args:
@@ -74,11 +105,6 @@ class EverySteps(SavePolicy):
         InvalidArgumentError: ``n`` is not a positive int (``InvalidArgumentTypeError``
             when it is no int at all).
     """
-
-    n: int
-
-    def __post_init__(self) -> None:
-        _positive_int("EverySteps(n)", self.n)
 
     def should_save(self, step: int, seconds_since_save: float) -> bool:
         return step % self.n == 0
@@ -193,7 +219,7 @@ class Mode(StrEnum):
     MAX = "max"
 
 
-class Retention:
+class Retention(_Composable["Retention"]):
     """Base of the retention policies."""
 
     def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
@@ -207,18 +233,9 @@ class Retention:
         """
         raise NotImplementedError
 
-    def __or__(self, other: Retention) -> Retention:
-        if not isinstance(other, Retention):
-            return NotImplemented
-        return KeepAny((*_kept(self), *_kept(other)))
-
-
-def _kept(policy: Retention) -> tuple[Retention, ...]:
-    return policy.policies if isinstance(policy, KeepAny) else (policy,)
-
 
 @dataclass(frozen=True)
-class KeepLatest(Retention):
+class KeepLatest(_PositiveN, Retention):
     """Keep the ``n`` newest steps.
 
     Args:
@@ -228,11 +245,6 @@ class KeepLatest(Retention):
         InvalidArgumentError: ``n`` is not a positive int (``InvalidArgumentTypeError``
             when it is no int at all).
     """
-
-    n: int
-
-    def __post_init__(self) -> None:
-        _positive_int("KeepLatest(n)", self.n)
 
     def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
         return {c.step for c in sorted(checkpoints, key=lambda c: c.step)[-self.n :]}
@@ -287,7 +299,7 @@ def _rankable(value: object) -> float | None:
 
 
 @dataclass(frozen=True)
-class KeepEvery(Retention):
+class KeepEvery(_PositiveN, Retention):
     """Keep every step that is a multiple of ``n`` (milestones).
 
     Args:
@@ -297,11 +309,6 @@ class KeepEvery(Retention):
         InvalidArgumentError: ``n`` is not a positive int (``InvalidArgumentTypeError``
             when it is no int at all).
     """
-
-    n: int
-
-    def __post_init__(self) -> None:
-        _positive_int("KeepEvery(n)", self.n)
 
     def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
         return {c.step for c in checkpoints if c.step % self.n == 0}
@@ -315,3 +322,7 @@ class KeepAny(Retention):
 
     def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
         return set().union(*(p.keep(checkpoints) for p in self.policies))
+
+
+SavePolicy._union = AnySave
+Retention._union = KeepAny

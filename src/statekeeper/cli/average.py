@@ -15,6 +15,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.save import save
 from statekeeper.cli import render
+from statekeeper.cli.command import command, respond
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.reading import read
@@ -84,7 +85,7 @@ def parse_weights(text: str | None) -> list[float] | None:
         ) from None
 
 
-@click.command("average")
+@command("average", json="a report")
 @click.argument("ckpts", metavar="CKPT...", nargs=-1, required=True)
 @click.option(
     "-o",
@@ -104,7 +105,6 @@ def parse_weights(text: str | None) -> list[float] | None:
 @click.option(
     "--overwrite", is_flag=True, help="Replace the output step if OUT already has it committed."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def average(
     ckpts: tuple[str, ...],
     out: str,
@@ -165,7 +165,4 @@ def average(
         "tensors": tensors,
         "bytes": info.bytes,
     }
-    if as_json:
-        render.emit_json(summary)
-    else:
-        render.averaged(summary)
+    respond(as_json, summary, render.averaged)

@@ -3,25 +3,20 @@ safetensors file."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import click
 
 from statekeeper.cli import render, render_interop
+from statekeeper.cli.command import command, respond, shown_default
 from statekeeper.interop.convert import convert
 
 __all__ = ["convert_command"]
 
 
-@click.command("convert")
+@command("convert", json="a report")
 @click.argument("src", metavar="IN")
 @click.argument("dst", metavar="OUT")
-@click.option(
-    "--step",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Step number of the statekeeper checkpoint written.",
+@shown_default(
+    "--step", click.IntRange(min=0), 0, "Step number of the statekeeper checkpoint written."
 )
 @click.option(
     "--key",
@@ -33,7 +28,6 @@ __all__ = ["convert_command"]
     is_flag=True,
     help="Replace the step if OUT already has it, or the OUT .safetensors file if it exists.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def convert_command(
     src: str, dst: str, step: int, key: str | None, overwrite: bool, as_json: bool
 ) -> None:
@@ -56,7 +50,4 @@ def convert_command(
             progress=bar.phase("reading"),
             write_progress=bar.phase("writing"),
         )
-    if as_json:
-        render.emit_json(dataclasses.asdict(result))
-    else:
-        render_interop.converted(result)
+    respond(as_json, result, render_interop.converted)

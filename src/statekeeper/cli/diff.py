@@ -5,48 +5,33 @@ from __future__ import annotations
 import click
 
 from statekeeper.cli import render, render_interop
+from statekeeper.cli.command import command, respond, shown_default
 from statekeeper.cli.options import prefixes, strip_options
 from statekeeper.interop.diff import diff
 from statekeeper.interop.tied import TiedKeys
 
 __all__ = ["diff_command"]
 
+_TOLERANCE = click.FloatRange(min=0)
 
-@click.command("diff")
+
+@command("diff", json="tables")
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
-@click.option(
-    "--atol",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Absolute tolerance: equal when |a-b| <= atol + rtol*|b|.",
+@shown_default(
+    "--atol", _TOLERANCE, 0.0, "Absolute tolerance: equal when |a-b| <= atol + rtol*|b|."
 )
-@click.option(
-    "--rtol",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Relative tolerance (see --atol).",
-)
+@shown_default("--rtol", _TOLERANCE, 0.0, "Relative tolerance (see --atol).")
 @click.option("--key", help="Compare only this entry (e.g. model) of each side that has it.")
 @strip_options
-@click.option(
-    "--show",
-    type=click.IntRange(min=1),
-    default=50,
-    show_default=True,
-    help="Rows shown per section (--json lists all).",
-)
-@click.option(
+@shown_default("--show", click.IntRange(min=1), 50, "Rows shown per section (--json lists all).")
+@shown_default(
     "--tied",
-    type=click.Choice([t.value for t in TiedKeys]),
-    default=TiedKeys.AUTO.value,
-    show_default=True,
-    help="A key one side omits because it is tied to another: match it through its twin "
+    click.Choice([t.value for t in TiedKeys]),
+    TiedKeys.AUTO.value,
+    "A key one side omits because it is tied to another: match it through its twin "
     "(auto: for Hugging Face folders and safetensors files), or require it (strict).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def diff_command(
     a: str, b: str, atol: float, rtol: float, key: str | None, strip_wrappers: bool,
     strip: tuple[str, ...], show: int, tied: str, as_json: bool,
@@ -61,8 +46,5 @@ def diff_command(
     with render.reported_errors(), render.ByteProgress(enabled=not as_json, counts=True) as bar:
         result = diff(a, b, atol=atol, rtol=rtol, key=key, strip=prefixes(strip_wrappers, strip),
                       tied=TiedKeys(tied), progress=bar.phase("comparing tensors"))  # fmt: skip
-    if as_json:
-        render.emit_json(result.to_json())
-    else:
-        render_interop.diff_report(result, show)
+    respond(as_json, result, lambda r: render_interop.diff_report(r, show), lambda r: r.to_json())
     raise click.exceptions.Exit(0 if result.equal else 1)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import click
 
 from statekeeper.cli import render, render_interop
+from statekeeper.cli.command import command, respond
 from statekeeper.cli.options import prefixes, strip_options
 from statekeeper.interop.export import DTYPES, export
 
 __all__ = ["export_command"]
 
 
-@click.command("export")
+@command("export", json="a report")
 @click.argument("ckpt", metavar="CKPT")
 @click.argument("out", metavar="OUT.safetensors")
 @click.option("--key", help="Entry holding the model weights (default: detected).")
@@ -24,7 +23,6 @@ __all__ = ["export_command"]
 )
 @strip_options
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
 def export_command(
     ckpt: str, out: str, key: str | None, dtype: str | None, strip_wrappers: bool,
     strip: tuple[str, ...], overwrite: bool, as_json: bool,
@@ -43,7 +41,4 @@ def export_command(
         with render.ByteProgress(enabled=not as_json) as bar:
             result = export(ckpt, out, key=key, dtype=dtype, strip=prefixes(strip_wrappers, strip),
                             overwrite=overwrite, progress=bar.phase("writing"))  # fmt: skip
-    if as_json:
-        render.emit_json(dataclasses.asdict(result))
-    else:
-        render_interop.exported(result)
+    respond(as_json, result, render_interop.exported)

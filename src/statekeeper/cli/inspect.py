@@ -7,17 +7,15 @@ import click
 
 from statekeeper.checkpoint.inspection import StepReport
 from statekeeper.cli import render, render_inspect, render_interop
+from statekeeper.cli.command import command, input_step
 from statekeeper.interop.inspection import inspect as inspect_checkpoint
 
 __all__ = ["inspect"]
 
 
-@click.command("inspect")
+@command("inspect", json="tables")
 @click.argument("target", metavar="CKPT|URL")
-@click.option(
-    "--step", type=click.IntRange(min=0), help="Step of a run directory (default: newest)."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@input_step("Step of a run directory (default: newest).")
 def inspect(target: str, step: int | None, as_json: bool) -> None:
     """Show the state tree of a checkpoint: tensors, values, aliases, metrics.
 

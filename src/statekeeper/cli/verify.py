@@ -8,6 +8,7 @@ import click
 from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.verification import VerifyReport, verify_location
 from statekeeper.cli import render
+from statekeeper.cli.command import command, input_step, respond
 from statekeeper.interop.frameworks import framework_folder
 from statekeeper.interop.verification import verify_targets
 
@@ -18,12 +19,9 @@ def _label(location: Location) -> str:
     return f"step {location.step}" if location.step >= 0 else location.entry
 
 
-@click.command("verify")
+@command("verify", json="a report")
 @click.argument("path", metavar="CKPT|DIR|URL")
-@click.option(
-    "--step", type=click.IntRange(min=0), help="Verify only this step of a run directory."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a report.")
+@input_step("Verify only this step of a run directory.")
 def verify(path: str, step: int | None, as_json: bool) -> None:
     """Verify a step directory, or every committed step of a run directory (paths or fsspec
     URLs such as s3://bucket/run).
@@ -52,8 +50,5 @@ def verify(path: str, step: int | None, as_json: bool) -> None:
         if not as_json:
             render.verify_step(result)
     report = VerifyReport(tuple(results))
-    if as_json:
-        render.emit_json(report)
-    else:
-        render.verify_summary(report)
+    respond(as_json, report, render.verify_summary)
     raise click.exceptions.Exit(0 if report.ok else 1)

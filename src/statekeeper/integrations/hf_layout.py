@@ -32,6 +32,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import CorruptCheckpointError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.checksum import Hasher
+from statekeeper.integrations.scoped_wrap import wrapped_while
 from statekeeper.storage.commit import exchange, recover
 from statekeeper.storage.files import fsync_dir
 
@@ -119,13 +120,8 @@ def safe_removal(module: Any) -> Iterator[None]:
     """While inside (in this thread or task), ``module.shutil.rmtree`` of a committed
     folder renames it aside before deleting it. The wrapper is installed once, and acts
     only where this context is active: other threads, and other code, see ``shutil``."""
-    if not isinstance(module.shutil, _SetAside):
-        module.shutil = _SetAside(module.shutil)
-    token = _REMOVING.set(True)
-    try:
+    with wrapped_while(module, "shutil", _SetAside, _REMOVING, True):
         yield
-    finally:
-        _REMOVING.reset(token)
 
 
 _ABANDONED = "abandoned"  # outside the checkpoint-* names that the Trainer globs and prunes

@@ -29,6 +29,7 @@ from statekeeper.data.worker_rng import carries_worker_rng, carry_worker_rng, wa
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import StatekeeperWarning
 from statekeeper.integrations.accelerate_loaders import AccelerateLoader, unresumable_sampler
+from statekeeper.integrations.scoped_wrap import wrapped_while
 
 __all__ = [
     "CheckLoader",
@@ -180,10 +181,5 @@ class _Skip:
 def resuming(module: Any, hook: Callable[[Any, int], Any]) -> Iterator[None]:
     """While inside (this thread or task), ``module.skip_first_batches`` asks ``hook``
     first: it returns the loader to use, or None for the Trainer's own skip."""
-    if not isinstance(module.skip_first_batches, _Skip):
-        module.skip_first_batches = _Skip(module.skip_first_batches)
-    token = _HOOK.set(hook)
-    try:
+    with wrapped_while(module, "skip_first_batches", _Skip, _HOOK, hook):
         yield
-    finally:
-        _HOOK.reset(token)

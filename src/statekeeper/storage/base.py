@@ -49,7 +49,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "Capabilities",
@@ -164,28 +164,36 @@ class CheckedReuse(Protocol):
     ) -> bool: ...
 
 
-def checked_reuser_of(files: object) -> CheckedReuse | None:
-    """``files.reuse_checked`` where the writer has one."""
-    found = getattr(files, "reuse_checked", None)
+def _optional(owner: object, method: str) -> Callable[..., Any] | None:
+    """``owner``'s optional ``method``, or None where it has none (backends and writers
+    written before the method existed)."""
+    found = getattr(owner, method, None)
     return found if callable(found) else None
 
 
-def identity_of(storage: object, entry: str, name: str) -> object | None:
-    """``storage.identity(entry, name)`` where the backend has one, else None."""
-    method = getattr(storage, "identity", None)
-    return method(entry, name) if callable(method) else None
+def checked_reuser_of(files: object) -> CheckedReuse | None:
+    """``files.reuse_checked`` where the writer has one."""
+    return _optional(files, "reuse_checked")
 
 
 def reuser_of(files: object) -> Reuse | None:
     """``files.reuse`` where the writer has one (backends written earlier have not)."""
-    found = getattr(files, "reuse", None)
-    return found if callable(found) else None
+    return _optional(files, "reuse")
+
+
+def _called(storage: object, method: str, entry: str, name: str) -> object | None:
+    found = _optional(storage, method)
+    return None if found is None else found(entry, name)
+
+
+def identity_of(storage: object, entry: str, name: str) -> object | None:
+    """``storage.identity(entry, name)`` where the backend has one, else None."""
+    return _called(storage, "identity", entry, name)
 
 
 def fingerprint_of(storage: object, entry: str, name: str) -> object | None:
     """``storage.fingerprint(entry, name)`` where the backend has one, else None."""
-    method = getattr(storage, "fingerprint", None)
-    return method(entry, name) if callable(method) else None
+    return _called(storage, "fingerprint", entry, name)
 
 
 def capabilities_of(storage: object) -> Capabilities:

@@ -17,13 +17,11 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import RUNS_MODEL, FreshModelRule
 from statekeeper.doctor.rules._probe import (
-    fresh_model,
-    isolated_rng,
     kept_modes,
     nbytes,
-    not_fresh,
     persistent_buffers,
 )
 from statekeeper.state.compare import NUMERIC, same
@@ -36,23 +34,14 @@ def _built(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in persistent_buffers(model).items() if not is_lazy(v)}
 
 
-class BatchState:
-    id = "SK005"
+class BatchState(FreshModelRule, id="SK005", severity=Severity.ERROR, needs=RUNS_MODEL):
     summary = "a persistent buffer holds per-batch state"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY, Need.INPUT})
 
-    def check(self, target: Target) -> Iterator[Finding]:
-        with isolated_rng():
-            built = fresh_model(target)
-            if built is None:
-                yield not_fresh(self.id)
-                return
-            fresh, model = built
-            before = {k: v.detach().clone() for k, v in _built(model).items()}
-            with kept_modes(model), torch.no_grad():
-                fresh.call(model.eval())
-            after = _built(model)
+    def probe(self, fresh: Target, model: torch.nn.Module) -> Iterator[Finding]:
+        before = {k: v.detach().clone() for k, v in _built(model).items()}
+        with kept_modes(model), torch.no_grad():
+            fresh.call(model.eval())
+        after = _built(model)
         for key, old in before.items():
             new = after.get(key)
             if new is None or same(old, new, NUMERIC):  # values compared as numbers

@@ -20,6 +20,7 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules._base import BUILDS_MODEL, DoctorRule
 from statekeeper.doctor.rules._probe import (
     isolated_rng,
     kept_modes,
@@ -123,11 +124,8 @@ def _unconfirmed(candidates: dict[str, torch.Tensor], constant: list[str]) -> It
         )
 
 
-class DerivedConstant:
-    id = "SK003"
+class DerivedConstant(DoctorRule, id="SK003", severity=Severity.WARNING, needs=BUILDS_MODEL):
     summary = "a persistent buffer is a constant rebuilt in __init__: it bloats checkpoints"
-    severity = Severity.WARNING
-    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY})
 
     def check(self, target: Target) -> Iterator[Finding]:
         candidates = _persistent_buffers(target.require_model())

@@ -16,7 +16,8 @@ import torch
 
 from statekeeper.data.seeding import SeededDataset
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import NOTHING, DoctorRule
 from statekeeper.doctor.rules._loaders import loaders
 from statekeeper.state.compare import state_difference
 
@@ -32,11 +33,8 @@ def _draws_random_numbers(dataset: Any) -> bool:
     return state_difference(a, b) is not None
 
 
-class LoaderAugmentation:
-    id = "SK012"
+class LoaderAugmentation(DoctorRule, id="SK012", severity=Severity.ERROR, needs=NOTHING):
     summary = "random augmentation in workers is not reproducible after a mid-epoch resume"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset()
 
     def check(self, target: Target) -> Iterator[Finding]:
         for name, _, loader in loaders(target.state):

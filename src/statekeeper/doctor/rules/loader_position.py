@@ -13,17 +13,15 @@ from collections.abc import Iterator
 from statekeeper.data.sampler import ResumableSampler
 from statekeeper.data.torchdata import UNRESUMABLE_SAMPLERS, is_stateful_dataloader
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import NOTHING, DoctorRule
 from statekeeper.doctor.rules._loaders import loaders, sampler_of
 
 __all__ = ["LoaderPosition"]
 
 
-class LoaderPosition:
-    id = "SK010"
+class LoaderPosition(DoctorRule, id="SK010", severity=Severity.ERROR, needs=NOTHING):
     summary = "data loader cannot resume its exact position"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset()
 
     def check(self, target: Target) -> Iterator[Finding]:
         for name, obj, loader in loaders(target.state):

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import NOTHING, DoctorRule
 from statekeeper.doctor.rules._loaders import loaders, sampler_of
 
 __all__ = ["LoaderSeed"]
@@ -21,11 +22,8 @@ __all__ = ["LoaderSeed"]
 _DEFAULT_SEED = torch.Generator().initial_seed()
 
 
-class LoaderSeed:
-    id = "SK011"
+class LoaderSeed(DoctorRule, id="SK011", severity=Severity.WARNING, needs=NOTHING):
     summary = "data order depends on an unseeded generator"
-    severity = Severity.WARNING
-    needs: frozenset[Need] = frozenset()
 
     def check(self, target: Target) -> Iterator[Finding]:
         for name, _, loader in loaders(target.state):

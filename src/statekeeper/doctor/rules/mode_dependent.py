@@ -20,6 +20,7 @@ import torch
 
 from statekeeper.doctor.finding import Finding, Severity
 from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rules._base import BUILDS_MODEL, DoctorRule
 from statekeeper.doctor.rules._probe import (
     isolated_rng,
     kept_modes,
@@ -49,11 +50,8 @@ def _snapshot(model: torch.nn.Module, label: str) -> _Snapshot:
     return _Snapshot(label, tuple(model.state_dict(keep_vars=True)), buffers)
 
 
-class ModeDependent:
-    id = "SK009"
+class ModeDependent(DoctorRule, id="SK009", severity=Severity.ERROR, needs=BUILDS_MODEL):
     summary = "state_dict keys or buffer values that depend on train/eval mode"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY})
 
     def check(self, target: Target) -> Iterator[Finding]:
         with isolated_rng():  # the factory and the forward may draw random numbers

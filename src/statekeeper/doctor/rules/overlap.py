@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import BUILDS_MODEL, DoctorRule
 from statekeeper.doctor.rules._probe import isolated_rng, module_path, nbytes
 
 __all__ = ["MemoryOverlap"]
@@ -34,11 +35,8 @@ def _failed_loads(message: str) -> set[str]:
     return failed
 
 
-class MemoryOverlap:
-    id = "SK001"
+class MemoryOverlap(DoctorRule, id="SK001", severity=Severity.ERROR, needs=BUILDS_MODEL):
     summary = "a parameter or buffer overlaps itself in memory: load_state_dict fails"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY})
 
     def check(self, target: Target) -> Iterator[Finding]:
         state = target.require_model().state_dict(keep_vars=True)

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import MODEL, DoctorRule
 from statekeeper.doctor.rules._probe import module_path
 from statekeeper.errors import UnsupportedValueError
 from statekeeper.format.values import join_path
@@ -56,11 +57,8 @@ def _type_name(cls: type) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
-class PickleValues:
-    id = "SK008"
+class PickleValues(DoctorRule, id="SK008", severity=Severity.ERROR, needs=MODEL):
     summary = "state_dict values that cannot be stored without pickle"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset({Need.MODEL})
 
     def check(self, target: Target) -> Iterator[Finding]:
         yield from self._entry("", target.require_model().state_dict(), is_model=True)

@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import SPEC, DoctorRule
 from statekeeper.errors import InvalidArgumentError
 
 __all__ = ["RegistrationOrder", "describe", "main"]
@@ -142,11 +143,8 @@ def _limit_cpu() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S))
 
 
-class RegistrationOrder:
-    id = "SK002"
+class RegistrationOrder(DoctorRule, id="SK002", severity=Severity.ERROR, needs=SPEC):
     summary = "registration order changes between processes: positional optimizer state shuffles"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset({Need.SPEC})
 
     def check(self, target: Target) -> Iterator[Finding]:
         assert target.spec is not None

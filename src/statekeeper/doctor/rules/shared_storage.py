@@ -19,7 +19,8 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import MODEL, DoctorRule
 from statekeeper.doctor.rules._probe import module_path, nbytes
 from statekeeper.format.aliases import plan_sharing
 from statekeeper.state.modules import unwrap
@@ -69,11 +70,8 @@ def wrapper_text(prefix: str, count: int, what: str = "state_dict keys") -> tupl
     return problem, fix
 
 
-class SharedStorage:
-    id = "SK007"
+class SharedStorage(DoctorRule, id="SK007", severity=Severity.WARNING, needs=MODEL):
     summary = "tensors that share storage (tied weights), and wrapper prefixes in keys"
-    severity = Severity.WARNING
-    needs: frozenset[Need] = frozenset({Need.MODEL})
 
     def check(self, target: Target) -> Iterator[Finding]:
         model = target.require_model()

@@ -19,13 +19,11 @@ from typing import Any
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import RUNS_MODEL, FreshModelRule
 from statekeeper.doctor.rules._probe import (
-    fresh_model,
-    isolated_rng,
     kept_modes,
     nbytes,
-    not_fresh,
     plain_attributes,
     state_ids,
 )
@@ -75,20 +73,11 @@ def _changed(
             yield path, attr, value, loose
 
 
-class TransientTensors:
-    id = "SK004"
+class TransientTensors(FreshModelRule, id="SK004", severity=Severity.WARNING, needs=RUNS_MODEL):
     summary = "tensors held on a module after forward"
-    severity = Severity.WARNING
-    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY, Need.INPUT})
 
-    def check(self, target: Target) -> Iterator[Finding]:
-        with isolated_rng():
-            built = fresh_model(target)
-            if built is None:
-                yield not_fresh(self.id)
-                return
-            held = self._held(*built)
-        for h in held.values():
+    def probe(self, fresh: Target, model: torch.nn.Module) -> Iterator[Finding]:
+        for h in self._held(fresh, model).values():
             graph = ", with the autograd graph behind it," if h.graph else ""
             yield Finding(
                 self.id, self.severity, h.path or "model",

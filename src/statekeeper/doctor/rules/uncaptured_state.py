@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from statekeeper.doctor.finding import Finding, Severity
-from statekeeper.doctor.rule import Need, Target
+from statekeeper.doctor.rule import Target
+from statekeeper.doctor.rules._base import RUNS_MODEL, DoctorRule
 from statekeeper.doctor.rules._probe import (
     isolated_rng,
     not_fresh,
@@ -70,11 +71,8 @@ def _suspects(a: torch.nn.Module, b: torch.nn.Module) -> list[str]:
     return found
 
 
-class UncapturedState:
-    id = "SK006"
+class UncapturedState(DoctorRule, id="SK006", severity=Severity.ERROR, needs=RUNS_MODEL):
     summary = "state the state_dict does not capture"
-    severity = Severity.ERROR
-    needs: frozenset[Need] = frozenset({Need.MODEL, Need.FACTORY, Need.INPUT})
 
     def check(self, target: Target) -> Iterator[Finding]:
         with isolated_rng():

@@ -9,7 +9,6 @@ part.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -168,27 +167,13 @@ def _grouped(storage: Storage, prepared: Prepared, options: SaveOptions) -> Save
     )
 
 
-# A one-off background save per run directory, until it is reported: the next save there
-# waits for it and raises its error. Writers that are done and reported are dropped.
-_in_flight: dict[str, AsyncWriter] = {}
-_in_flight_lock = threading.Lock()
-
-
-def _one_off_writer(storage: Storage, distributed: bool) -> AsyncWriter:
-    with _in_flight_lock:
-        for key, writer in list(_in_flight.items()):
-            if writer.idle():
-                del _in_flight[key]
-        previous = _in_flight.pop(storage.describe(), None)
-        if previous is not None:
-            previous.wait()  # one save in flight per directory; raises its error if it failed
-        made = (
-            collective().async_writer(Staging.RELEASE)
-            if distributed
-            else AsyncWriter(Staging.RELEASE)
-        )
-        _in_flight[storage.describe()] = made
-        return made
+def _one_off_writer(distributed: bool) -> AsyncWriter:
+    """A writer of one background save, owned by the ``PendingSave`` it returns: nothing in
+    the process remembers it (two saves into one run directory at once are refused by the
+    directory's writer lock, held by the first until it is written: the caller waits)."""
+    return (
+        collective().async_writer(Staging.RELEASE) if distributed else AsyncWriter(Staging.RELEASE)
+    )
 
 
 @overload
@@ -293,6 +278,6 @@ def save(
         metrics=metrics,
         options=options,
         scope=scope,
-        writer=None if blocking else _one_off_writer(storage, distributed),
+        writer=None if blocking else _one_off_writer(distributed),
         lock=None if distributed else writer_lock(storage),  # a job's save: rank 0 locks
     )

@@ -198,7 +198,7 @@ class JobWriter(AsyncWriter):
                     self._wrapped.clear()
                 _one_at_a_time.release()
 
-        return self._background(step, work, cleanup)
+        return self._background(storage.describe(), step, work, cleanup)
 
 
 _one_at_a_time = threading.Lock()

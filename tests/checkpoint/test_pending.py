@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import statekeeper as sk
+from statekeeper.checkpoint.pending import PendingSave
 from statekeeper.storage.memory import MemoryStorage
 
 
@@ -95,12 +96,18 @@ def test_a_dropped_save_that_then_fails_warns_with_its_error(gated: Gated) -> No
     assert sk.list_checkpoints(gated) == []
 
 
-def test_a_failed_save_dropped_unwaited_warns_and_the_next_save_goes_on() -> None:
-    storage = MemoryStorage(name="memory://pending-failed")
+def _failed(name: str) -> tuple[MemoryStorage, PendingSave]:
+    """A one-off save of step 1 that failed, its thread ended (nobody looked yet)."""
+    storage = MemoryStorage(name=f"memory://pending-{name}")
     storage.fail_at = storage.operations + 3
     before = _save_threads()
     pending = sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)
     _join(_save_threads() - before)
+    return storage, pending
+
+
+def test_a_failed_save_dropped_unwaited_warns_and_the_next_save_goes_on() -> None:
+    storage, pending = _failed("failed")
     assert pending.done()
     with pytest.warns(sk.StatekeeperWarning, match="step 1 .*failed.*InjectedFailure"):
         del pending
@@ -109,11 +116,7 @@ def test_a_failed_save_dropped_unwaited_warns_and_the_next_save_goes_on() -> Non
 
 
 def test_a_failure_looked_at_through_error_is_not_warned_again() -> None:
-    storage = MemoryStorage(name="memory://pending-error")
-    storage.fail_at = storage.operations + 3
-    before = _save_threads()
-    pending = sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)
-    _join(_save_threads() - before)
+    _, pending = _failed("error")
     assert isinstance(pending.error, sk.InjectedFailure)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sk.StatekeeperWarning)

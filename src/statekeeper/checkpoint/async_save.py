@@ -14,7 +14,6 @@ may change the model as soon as ``submit`` returns.
 from __future__ import annotations
 
 import os
-import threading
 import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor

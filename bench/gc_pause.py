@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -93,8 +94,8 @@ def bench(name: str, model: torch.nn.Module, rounds: int, root: Path) -> None:
             with pause_replaced(off):
                 run = root / f"{name}-{off}"
                 step += 1
-                saved = timed(lambda: sk.save(run, state, step=step, overwrite=True))
-                loaded = timed(lambda: sk.load(run, state))
+                saved = timed(partial(sk.save, run, state, step=step, overwrite=True))
+                loaded = timed(partial(sk.load, run, state))
                 if r:
                     times.setdefault(("save", off), []).append(saved)
                     times.setdefault(("load", off), []).append(loaded)

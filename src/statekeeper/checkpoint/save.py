@@ -235,9 +235,13 @@ def save(
     ``UnsupportedValueError`` (naming the key path) for a value that would need pickle.
 
     With ``blocking=False`` the call returns once the tensors are copied to host memory and
-    a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
-    the CheckpointInfo. The next save into the same directory waits for it and raises its
-    error if it failed. The host copy is freed once the step is written; to save the same
+    a background thread writes and commits: a :class:`PendingSave`, owned by the caller
+    alone, whose ``wait()`` (or the end of a ``with`` block) returns the CheckpointInfo or
+    raises the save's error; dropped unwaited it gives a ``StatekeeperWarning`` naming the
+    step. Another save into the same directory before it is written raises
+    ``WriterConflictError`` (wait for it first; an fsspec URL's lock excludes nothing, and
+    one ``Storage`` object passed again re-enters its own: there, waiting is the caller's
+    job). The host copy is freed once the step is written; to save the same
     state again and again, ``Checkpointer(..., async_save=True)`` keeps and reuses it. In a
     job, every rank stages its own state and writes in the background (docs/distributed.md,
     "Background saves in a job").

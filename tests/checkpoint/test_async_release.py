@@ -1,5 +1,5 @@
 """A one-off background save frees its host copy once the step is written, failed or not;
-the next save into the same directory reports the failure once."""
+its own ``PendingSave`` reports the failure once (tests/checkpoint/test_pending.py)."""
 
 from __future__ import annotations
 
@@ -46,16 +46,6 @@ def test_the_staging_copy_is_freed_once_written(fails: bool) -> None:
     assert _staged_copies(x) == []
     sk.save(storage, {"x": x}, step=2, blocking=False).wait()  # reported once: not again
     assert _staged_copies(x) == []
-
-
-def test_an_unreported_failure_is_raised_by_the_next_save_there() -> None:
-    storage = MemoryStorage(name="memory://unreported")
-    storage.fail_at = storage.operations + 3
-    sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)._done.wait()
-    with pytest.raises(sk.InjectedFailure):
-        sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False)
-    sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False).wait()
-    assert [c.step for c in sk.list_checkpoints(storage)] == [2]
 
 
 def test_background_saves_to_an_fsspec_url_release_the_lock_from_the_writing_thread(
@@ -105,7 +95,7 @@ def test_a_failing_clean_up_is_reported_not_a_wait_that_hangs() -> None:
     def cleanup() -> None:
         raise OSError(5, "could not remove the in-progress entry (injected)")
 
-    pending = writer._background(1, lambda: info, cleanup)
+    pending = writer._background("memory://x", 1, lambda: info, cleanup)
     with pytest.raises(OSError, match="in-progress entry"):
         pending.wait()
     writer.close()

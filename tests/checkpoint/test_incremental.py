@@ -14,6 +14,7 @@ from tests.conftest import lora_state, lora_step
 
 import statekeeper as sk
 from statekeeper.checkpoint import incremental
+from statekeeper.checkpoint import save as one_off
 from statekeeper.storage import files as storage_files
 
 
@@ -24,7 +25,7 @@ def manifest(run: Path, step: int) -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def _fresh_trust() -> None:
-    incremental._checked.clear()  # each test starts like a new process
+    one_off.ONE_OFF_CACHE.checked.clear()  # each test starts like a new process (sk.save's)
 
 
 def test_an_unchanged_frozen_shard_is_linked_and_every_step_stays_whole(tmp_path: Path) -> None:
@@ -135,10 +136,11 @@ def test_trust_marks_trusts_a_file_checked_once_while_it_is_unchanged(
             lora_step(adapter, opt)
             ckpt.save(step, state)
         assert reads == []  # written by this process: its bytes are those it hashed
-        incremental._checked.clear()  # a new process: the file is read once, then trusted
+    # a new Checkpointer (its own cache, as in a new process): read once, then trusted
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), incremental=trusting) as again:
         for step in (4, 5):
             lora_step(adapter, opt)
-            ckpt.save(step, state)
+            again.save(step, state)
     assert reads == ["tensors-00000.safetensors"]
     assert sk.verify(tmp_path).ok
 

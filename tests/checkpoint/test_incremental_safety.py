@@ -14,7 +14,7 @@ import torch
 from tests.conftest import lora_state, lora_step
 
 import statekeeper as sk
-from statekeeper.checkpoint import incremental
+from statekeeper.checkpoint import save as one_off
 from statekeeper.storage import files as storage_files
 
 FROZEN = "tensors-00000.safetensors"  # the frozen base's shard (frozen parameters first)
@@ -22,7 +22,7 @@ FROZEN = "tensors-00000.safetensors"  # the frozen base's shard (frozen paramete
 
 @pytest.fixture(autouse=True)
 def _fresh_trust() -> None:
-    incremental._checked.clear()  # each test starts like a new process
+    one_off.ONE_OFF_CACHE.checked.clear()  # each test starts like a new process (sk.save's)
 
 
 def shard(run: Path, step: int, name: str = FROZEN) -> Path:

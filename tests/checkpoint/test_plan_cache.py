@@ -112,9 +112,10 @@ def test_async_saves_of_a_reused_plan_hold_the_right_values(tmp_path: Path) -> N
         with torch.no_grad():
             model.emb.weight.fill_(float(step))
         counter["seen"] = step
-        sk.save(tmp_path, {"model": model, "counter": counter}, step=step, blocking=False)
+        pending = sk.save(tmp_path, {"model": model, "counter": counter}, step=step, blocking=False)
         with torch.no_grad():
             model.emb.weight.fill_(-1.0)  # after the call returns: not in the snapshot
+        pending.wait()
     sk.save(tmp_path, {"model": model}, step=9, blocking=False).wait()
     for step in (1, 2, 3):
         state = sk.read(tmp_path, step=step)

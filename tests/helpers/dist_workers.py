@@ -345,11 +345,14 @@ def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
     state = app_state(model, opt, {"step": 0}, None)
     errors: list[str] = []
     with sk.Checkpointer(run / "a", async_save=True, keep=sk.KeepLatest(1)) as ckpt:
+        pending = []
         for step in (1, 2):
             train(model, opt, 1)
             ckpt.save(step, state)
-            sk.save(run / "b", state, step=step, blocking=False)  # in flight together
+            pending.append(sk.save(run / "b", state, step=step, blocking=False))  # in flight
         ckpt.wait()
+        for one in pending:
+            one.wait()
         sk.save(run / "b", state, step=3, blocking=False).wait()
         real = ckpt._retention
         if rank == 0:

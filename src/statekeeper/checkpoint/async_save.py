@@ -14,7 +14,6 @@ may change the model as soon as ``submit`` returns.
 from __future__ import annotations
 
 import os
-import threading
 import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ import torch
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.options import SaveOptions
+from statekeeper.checkpoint.pending import Outcome, PendingSave
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
 from statekeeper.checkpoint.writer import Prepared, check_step, commit, prepare
 from statekeeper.errors import InvalidArgumentError
@@ -62,29 +62,6 @@ class Staging(StrEnum):
     RELEASE = "release"
 
 
-class PendingSave:
-    """A save running in the background: ``wait()`` returns its CheckpointInfo or raises."""
-
-    def __init__(self, writer: AsyncWriter, step: int) -> None:
-        self._writer = writer
-        self.step = step
-        self._done = threading.Event()
-        self._info: CheckpointInfo | None = None
-        self._error: BaseException | None = None
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self) -> CheckpointInfo:
-        self._done.wait()
-        self._writer._consume(self)
-        if self._error is not None:
-            raise self._error
-        if self._info is None:  # pragma: no cover - done is set only after one of the two
-            raise RuntimeError("background save finished without a result")
-        return self._info
-
-
 class AsyncWriter:
     """One background save at a time, with staging buffers reused between saves."""
 
@@ -92,32 +69,29 @@ class AsyncWriter:
         if not isinstance(staging, Staging):
             raise InvalidArgumentError(f"staging must be a Staging, got {staging!r}")
         self._release = staging is Staging.RELEASE
-        self._pending: PendingSave | None = None
-        self._unreported: PendingSave | None = None
+        self._pending: Outcome | None = None
+        self._unreported: Outcome | None = None
         self._staging: torch.Tensor | None = None
         self._staged: _Staged | None = None
         self._plans = PlanCache()
         self._worker: ThreadPoolExecutor | None = None
         self._worker_pid = 0
 
-    def _consume(self, pending: PendingSave) -> None:
-        if self._unreported is pending:
+    def _consume(self, outcome: Outcome) -> None:
+        if self._unreported is outcome:
             self._unreported = None
-
-    def idle(self) -> bool:
-        """Whether no save is in flight and no failure waits to be reported."""
-        running = self._pending is not None and not self._pending.done()
-        return not running and (self._unreported is None or self._unreported._error is None)
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight; raise its error (once) if it failed."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending._done.wait()
+            pending.event.wait()
+            pending.reported = True
         failed, self._unreported = self._unreported, None
-        if failed is not None and failed._error is not None:
-            raise failed._error
-        return None if pending is None else pending._info
+        if failed is not None and failed.error is not None:
+            failed.reported = True
+            raise failed.error
+        return None if pending is None else pending.info
 
     def prepare(
         self, captured: dict[str, Any], metrics: Mapping[str, Any] | None = None
@@ -205,13 +179,14 @@ class AsyncWriter:
                 self._staging = self._staged = None
 
         try:
-            return self._background(step, work, cleanup)
+            return self._background(storage.describe(), step, work, cleanup)
         except BaseException:
             stack.close()  # the lock, held for a write that never ran
             raise
 
     def _background(
         self,
+        where: str,
         step: int,
         work: Callable[[], CheckpointInfo],
         cleanup: Callable[[], None],
@@ -224,22 +199,24 @@ class AsyncWriter:
         The thread is started once and kept until :meth:`close`: handing it a save costs
         the caller no thread start (which waits for the new thread to run: milliseconds on
         a loaded machine, inside the caller's stall). It is not a daemon: a save in flight
-        when the interpreter exits is finished first."""
-        pending = PendingSave(self, step)
+        when the interpreter exits is finished first. The thread holds the
+        :class:`~.pending.Outcome`, never the ``PendingSave``: a one-off save's caller owns
+        that alone (and is told when it drops it unwaited)."""
+        outcome = Outcome(step, where)
 
         def run() -> None:
             try:
-                pending._info = work()
+                outcome.info = work()
             except BaseException as exc:  # kept and raised on the caller's next call
                 traceback.clear_frames(exc.__traceback__)
-                pending._error = exc
+                outcome.error = exc
             finally:
                 try:
                     cleanup()
                 except BaseException as exc:  # reported, never a wait() that hangs
-                    pending._error = pending._error or exc
+                    outcome.error = outcome.error or exc
                 finally:
-                    pending._done.set()
+                    outcome.finish()
 
         try:
             self._thread().submit(run)
@@ -247,10 +224,11 @@ class AsyncWriter:
             self._stop_thread(cancel=True)
             cleanup()  # nothing was written: the step is aborted, the lock released
             raise
-        self._pending = self._unreported = pending
-        if self._release:  # a one-off writer: its thread ends after this save
+        if self._release:  # a one-off writer: its caller owns the save; its thread ends now
             self._stop_thread(cancel=False)
-        return pending
+        else:  # a Checkpointer's: its next save, wait() and close() report it
+            self._pending = self._unreported = outcome
+        return PendingSave(self, outcome, owned=self._release)
 
     def _thread(self) -> ThreadPoolExecutor:
         """This writer's thread, started on first use and again in a forked child (which

@@ -28,6 +28,7 @@ from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
 from statekeeper.checkpoint.options import SaveOptions, check_checkpointer_options
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
+from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.checkpoint.retention import Retainer, RetentionStatus
 from statekeeper.checkpoint.run_tiers import RunTiers
 from statekeeper.checkpoint.save import check_save, save_state
@@ -294,15 +295,14 @@ class Checkpointer:
         if self._leader and step in self._damaged:  # a restart over damage: kept aside
             self._wait_writer()
             overwrite = self._damaged.set_aside(step) or overwrite
+        options = replace(self._options, overwrite=True) if overwrite else self._options
+        on_commit = self._retention if writer is not None else self._committed
         result = save_state(
             self.storage,
             full,
-            step=step,
-            metrics=metrics,
-            options=replace(self._options, overwrite=True) if overwrite else self._options,
+            SaveRequest(step, metrics, options, on_commit),
             scope=self._scope,
             writer=writer,
-            on_commit=self._retention if writer is not None else self._committed,
         )
         if writer is not None:  # a blocking save set the clock when it committed
             self._last_save = self._clock()

@@ -7,58 +7,41 @@ done belongs to a higher layer, :mod:`statekeeper.distributed`, which registers 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from statekeeper import extensions
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
-from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
+from statekeeper.checkpoint.options import RestoreOptions
+from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.errors import StatekeeperError
 from statekeeper.storage.base import Storage
 
-__all__ = ["Collective", "collective", "register_collective"]
+__all__ = ["Collective", "State", "collective", "register_collective"]
+
+State = Mapping[str, Any]
+"""A state: names to objects."""
 
 
 class Collective(Protocol):
     """A save or load that every rank of the job calls together."""
 
-    def save(
-        self,
-        storage: Storage,
-        state: Mapping[str, Any],
-        *,
-        step: int,
-        metrics: Mapping[str, Any] | None,
-        options: SaveOptions,
-    ) -> CheckpointInfo:
-        """Write ``state`` as step ``step`` with every rank; rank 0 commits."""
+    def save(self, storage: Storage, state: State, request: SaveRequest) -> CheckpointInfo:
+        """Write ``state`` as ``request`` says with every rank; rank 0 commits."""
         ...
 
     def load(
-        self,
-        storage: Storage,
-        state: Mapping[str, Any],
-        *,
-        step: int | None,
-        options: RestoreOptions,
+        self, storage: Storage, state: State, *, step: int | None, options: RestoreOptions
     ) -> RestoreInfo:
         """Load a committed step into ``state`` on every rank."""
         ...
 
     def submit(
-        self,
-        storage: Storage,
-        state: Mapping[str, Any],
-        *,
-        step: int,
-        metrics: Mapping[str, Any] | None,
-        options: SaveOptions,
-        writer: AsyncWriter,
-        on_commit: Callable[[CheckpointInfo], None] | None,
+        self, storage: Storage, state: State, request: SaveRequest, writer: AsyncWriter
     ) -> PendingSave:
-        """Stage ``state`` on every rank and write the step in the background with
-        ``writer`` (one of :meth:`async_writer`'s)."""
+        """Stage ``state`` on every rank and write ``request``'s step in the background
+        with ``writer`` (one of :meth:`async_writer`'s)."""
         ...
 
     def async_writer(self, staging: Staging) -> AsyncWriter:

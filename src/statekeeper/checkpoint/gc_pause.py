@@ -10,6 +10,14 @@ nothing found. Holding the collector off for the call avoids that work instead o
 it: what the call allocated is gone before the collector runs again. Calls may nest and
 run in several threads at once; the collector is switched back on when the last one ends,
 and only if it was on before the first one began.
+
+Scope: the calling thread's call only (a blocking save, a load, ``read``, and the caller's
+part of a background save; never a background write, which runs while the training loop
+does). It pays where a call makes many objects: ``bench/gc_pause.py`` (20,000 small
+tensors, 200,000 other live objects) measured saves 1.1-1.8x and loads 1.6-1.8x faster with
+the pause, and no difference beyond noise for 4 tensors of 64 MiB (too few objects for a
+collection to start: the pause costs nothing there either). The collector is process-wide,
+so other threads' cyclic garbage waits for the end of the call (collected then).
 """
 
 from __future__ import annotations

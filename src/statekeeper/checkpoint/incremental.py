@@ -28,7 +28,7 @@ import torch
 
 from statekeeper.checkpoint.location import Location, committed
 from statekeeper.checkpoint.manifests import read_manifest
-from statekeeper.checkpoint.marks import Mark, Memo
+from statekeeper.checkpoint.marks import Mark, Memo, Seen
 from statekeeper.checkpoint.naming import ParsedEntry
 from statekeeper.errors import StatekeeperError
 from statekeeper.format.checksum import Hasher, matches
@@ -43,7 +43,15 @@ from statekeeper.storage.base import (
     reuser_of,
 )
 
-__all__ = ["Incremental", "Previous", "Reuser", "previous_step", "shard_checksum", "step_files"]
+__all__ = [
+    "Incremental",
+    "IncrementalCache",
+    "Previous",
+    "Reuser",
+    "previous_step",
+    "shard_checksum",
+    "step_files",
+]
 
 
 class Incremental(StrEnum):
@@ -105,13 +113,6 @@ def shard_checksum(tensors: dict[str, torch.Tensor], shard: ShardLayout) -> str:
     return hasher.hexdigest()
 
 
-_checked: Memo[tuple[str, str], tuple[object, str]] = Memo(4096)
-"""Files found (or written) with their recorded checksum, by (storage, file): the
-storage's fingerprint of the file then, and the checksum. While the fingerprint stays the
-same the file is not read again by this process, where that is trusted: always for a
-storage that copies by name (an object store's ETag), only with ``TRUST_MARKS`` for one
-that links what it checked (a local file's fingerprint cannot show a bad sector)."""
-
 RECHECK_EVERY = 8
 """With ``TRUST_MARKS``: a frozen shard whose checksum its marks gave this many saves in a
 row is checksummed from its bytes again (a safety net for writes that no mark sees)."""
@@ -129,13 +130,34 @@ class _Steady:
     skips: int = 0
 
 
-_steady: Memo[tuple[str, str], _Steady] = Memo(4096)  # (storage, shard file) -> last save
+class IncrementalCache:
+    """What incremental saves remember between saves, owned by whoever makes them: a
+    ``Checkpointer`` (one for its life, its background saves included), a ``Mirror``'s
+    uploader (for its uploads), and, for ``statekeeper.save``, which keeps nothing of its
+    own, one cache of the process shared by every one-off save (per run directory, as
+    before). A forked child finds each of them empty (:class:`~.marks.Memo`).
+
+    - ``seen``: per storage, the tensors of the last save there (:func:`~.marks.steady_names`);
+    - ``checked``: files found (or written) with their recorded checksum, by (storage,
+      file): the storage's fingerprint of the file then, and the checksum. While the
+      fingerprint stays the same the file is not read again, where that is trusted: always
+      for a storage that copies by name (an object store's ETag), only with
+      ``TRUST_MARKS`` for one that links what it checked (a local file's fingerprint
+      cannot show a bad sector);
+    - ``steady``: per (storage, shard file), the frozen shard as last saved.
+    """
+
+    def __init__(self) -> None:
+        self.seen: Seen = Memo(64)
+        self.checked: Memo[tuple[str, str], tuple[object, str]] = Memo(4096)
+        self.steady: Memo[tuple[str, str], _Steady] = Memo(4096)
 
 
 class Reuser:
     """Reuses the files of ``previous`` (the step to link from) for the shards of one save;
     ``marks`` are the frozen parameters' :class:`Mark` taken when the save began (used only
-    with ``trust``: ``Incremental.TRUST_MARKS``)."""
+    with ``trust``: ``Incremental.TRUST_MARKS``); ``cache`` is its owner's memory of earlier
+    saves."""
 
     def __init__(
         self,
@@ -143,10 +165,12 @@ class Reuser:
         files: FileWriter,
         previous: Previous | None,
         marks: Mapping[str, Mark | None],
+        cache: IncrementalCache,
         shared: Collection[str] = (),
         trust: bool = False,
     ) -> None:
         self._storage = storage
+        self._cache = cache
         self._previous = previous
         self._reuse = reuser_of(files)
         self._checked_reuse = checked_reuser_of(files)
@@ -166,7 +190,7 @@ class Reuser:
         """The checksum of the shard ``name`` when its frozen tensors kept their marks since
         this process saved it last (same names, same size)."""
         marks = self._marked(names) if self._trust else None
-        known = _steady.get((self._storage.describe(), name))
+        known = self._cache.steady.get((self._storage.describe(), name))
         if marks is None or known is None or (known.names, known.size) != (names, size):
             return None
         if known.skips + 1 >= RECHECK_EVERY:
@@ -190,14 +214,14 @@ class Reuser:
         checksum: its bytes are read, unless ``trust`` and this process wrote or checked it
         with the same fingerprint. An unreadable file raises ``OSError`` (not linked)."""
         key = self._key(entry, name)
-        if self._trust and _checked.get(key) == (opened.fingerprint(), record.checksum):
+        if self._trust and self._cache.checked.get(key) == (opened.fingerprint(), record.checksum):
             return True
         hasher = Hasher()
         for chunk in opened.chunks():
             hasher.update(chunk)
         ok = (hasher.size, hasher.hexdigest()) == (record.size, record.checksum)
         if ok:
-            _checked.set(key, (opened.fingerprint(), record.checksum))
+            self._cache.checked.set(key, (opened.fingerprint(), record.checksum))
         return ok
 
     def _intact(self, entry: str, name: str, record: FileRecord) -> bool:
@@ -206,14 +230,17 @@ class Reuser:
         this process wrote or checked the file before and the storage's fingerprint of it
         (an ETag: new with every write) has not changed since."""
         mark = fingerprint_of(self._storage, entry, name)
-        if mark is not None and _checked.get(self._key(entry, name)) == (mark, record.checksum):
+        if mark is not None and self._cache.checked.get(self._key(entry, name)) == (
+            mark,
+            record.checksum,
+        ):
             return True
         try:
             ok = matches(self._storage.read(entry, name), record.checksum)
         except OSError:
             return False
         if ok and mark is not None:
-            _checked.set(self._key(entry, name), (mark, record.checksum))
+            self._cache.checked.set(self._key(entry, name), (mark, record.checksum))
         return ok
 
     def committed(
@@ -230,12 +257,12 @@ class Reuser:
             except (OSError, StatekeeperError):
                 mark = None
             if mark is not None:
-                _checked.set(self._key(entry, name), (mark, record.checksum))
+                self._cache.checked.set(self._key(entry, name), (mark, record.checksum))
             names = tuple(shards.get(name, ()))
             marks = self._marked(names) if names else None
             if marks is not None:
                 skips = self._skips.get(name, 0)
-                _steady.set(
+                self._cache.steady.set(
                     (where, name), _Steady(names, marks, record.checksum, record.size, skips)
                 )
 

@@ -10,7 +10,10 @@
 - :func:`steady_names`: the tensors whose storage, layout and version counter did not move
   since the last save, grouped into shards of their own.
 - :class:`Memo`: a small, bounded, thread-safe map for what is remembered (upload threads
-  and the saving thread use it at once).
+  and the saving thread use it at once). Memos belong to their owner
+  (:class:`~statekeeper.checkpoint.incremental.IncrementalCache`); a memo used in a forked
+  child starts empty, with a lock of its own (the parent's may have been held by one of its
+  threads at the fork): no fork hook is needed.
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 import xxhash
 
 from statekeeper.storage.base import Storage
 
-__all__ = ["Mark", "Memo", "frozen_marks", "steady_names"]
+__all__ = ["Mark", "Memo", "Seen", "frozen_marks", "steady_names"]
 
 _SAMPLES = 16
 _SAMPLE_BYTES = 4096
@@ -38,20 +41,29 @@ V = TypeVar("V")
 
 
 class Memo(Generic[K, V]):
-    """At most ``limit`` entries, the least recently set dropped first; safe across threads."""
+    """At most ``limit`` entries, the least recently set dropped first; safe across threads;
+    empty again in a forked child (what the parent saw is not the child's to trust)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._data: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
-        _memos.add(self)
+        self._pid = os.getpid()
+
+    def _locked(self) -> threading.Lock:
+        """This memo's lock; in a forked child, a new one and no entries."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._data = OrderedDict()
+            self._pid = os.getpid()
+        return self._lock
 
     def get(self, key: K) -> V | None:
-        with self._lock:
+        with self._locked():
             return self._data.get(key)
 
     def set(self, key: K, value: V) -> None:
-        with self._lock:
+        with self._locked():
             self._data[key] = value
             self._data.move_to_end(key)
             while len(self._data) > self._limit:
@@ -59,7 +71,7 @@ class Memo(Generic[K, V]):
 
     def swap(self, key: K, make: Callable[[V | None], V]) -> V | None:
         """Set ``key`` to ``make(old)`` atomically; the old value."""
-        with self._lock:
+        with self._locked():
             old = self._data.get(key)
             self._data[key] = make(old)
             self._data.move_to_end(key)
@@ -68,22 +80,8 @@ class Memo(Generic[K, V]):
             return old
 
     def clear(self) -> None:
-        with self._lock:
+        with self._locked():
             self._data.clear()
-
-
-_memos: weakref.WeakSet[Memo[Any, Any]] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A lock held by a thread of the parent at the fork would never be released in the
-    child: every memo gets a new one."""
-    for memo in list(_memos):
-        memo._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,6 +157,8 @@ def _sample(t: torch.Tensor) -> int:
 
 
 _Place = tuple["weakref.ref[torch.UntypedStorage]", tuple[object, ...]]
+Seen = Memo[str, dict[str, _Place]]
+"""Per storage, the tensors of its owner's last save there (see :func:`steady_names`)."""
 
 
 def _place(t: torch.Tensor) -> _Place | None:
@@ -171,19 +171,17 @@ def _place(t: torch.Tensor) -> _Place | None:
     return weakref.ref(storage), (t.storage_offset(), t.dtype, tuple(t.shape), t.stride(), version)
 
 
-_seen: Memo[str, dict[str, _Place]] = Memo(64)
-"""Per storage, the tensors of this process's last save there (see :func:`steady_names`)."""
-
-
-def steady_names(storage: Storage, stored: Mapping[str, torch.Tensor]) -> frozenset[str]:
+def steady_names(
+    storage: Storage, stored: Mapping[str, torch.Tensor], seen: Seen
+) -> frozenset[str]:
     """The tensors of ``stored`` (live ones, not staged copies) whose storage object, place,
-    layout and version counter did not move since this process's previous save to
-    ``storage``. They go to shards of their own (after the frozen parameters), so that
+    layout and version counter did not move since the previous save to ``storage`` that
+    ``seen`` remembers. They go to shards of their own (after the frozen parameters), so that
     tensors that stay unchanged (buffers left alone, an EMA copy between its updates) share
     files that the next save reuses whole. Only a grouping: whether a file is reused is
     decided by its checksum, never by this."""
     now = {name: place for name, t in stored.items() if (place := _place(t)) is not None}
-    before = _seen.swap(storage.describe(), lambda _: now) or {}
+    before = seen.swap(storage.describe(), lambda _: now) or {}
     steady = set()
     for name, (ref, layout) in now.items():
         old = before.get(name)

@@ -9,7 +9,7 @@ from typing import Any
 
 from statekeeper.arguments import require_bool, require_callable, require_instance
 from statekeeper.checkpoint.checks import Strict
-from statekeeper.checkpoint.incremental import Incremental
+from statekeeper.checkpoint.incremental import Incremental, IncrementalCache
 from statekeeper.checkpoint.marks import Mark
 from statekeeper.checkpoint.mirror import Mirror
 from statekeeper.checkpoint.origin import library_versions, origin
@@ -65,6 +65,10 @@ class SaveOptions:
       else ``Origin.REDACTED``, read when the manifest is written.
     - ``retention``: the policy applied after the save (None: every step stays); an
       incremental save links only where a step that stays keeps an independent copy.
+    - ``cache``: what incremental saves remember between saves
+      (:class:`~statekeeper.checkpoint.incremental.IncrementalCache`), owned by the maker of
+      these options: a ``Checkpointer`` keeps one for its saves (``replace`` keeps it); a
+      new ``SaveOptions`` gets a new, empty one.
     """
 
     overwrite: bool = False
@@ -77,6 +81,7 @@ class SaveOptions:
     steady: frozenset[str] = frozenset()
     origin: Origin | None = None
     retention: Retention | None = None
+    cache: IncrementalCache = field(default_factory=IncrementalCache, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         origin_level(self.origin)  # a wrong argument, or a wrong STATEKEEPER_ORIGIN, now

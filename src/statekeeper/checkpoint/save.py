@@ -9,24 +9,24 @@ part.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypedDict, Unpack, overload
 
 from statekeeper.arguments import require_bool, require_mapping
 from statekeeper.checkpoint.adapters import Adapter, Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.incremental import Incremental
+from statekeeper.checkpoint.incremental import Incremental, IncrementalCache
 from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
 from statekeeper.checkpoint.marks import frozen_marks, steady_names
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.paths import writer_lock
+from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.writer import METRICS, Prepared, commit, prepare
 from statekeeper.errors import InvalidArgumentError
@@ -37,8 +37,6 @@ from statekeeper.state.rng import RNGState
 from statekeeper.storage.base import Storage
 
 __all__ = ["capture", "check_save", "check_state", "frozen_names", "save", "save_state"]
-
-OnCommit = Callable[[CheckpointInfo], None]
 
 
 def check_state(state: object, argument: str = "state") -> None:
@@ -102,39 +100,29 @@ def frozen_names(state: Mapping[str, Any], adapters: Adapters | None = None) -> 
 def save_state(
     storage: Storage,
     state: Mapping[str, Any],
+    request: SaveRequest,
     *,
-    step: int,
-    metrics: Mapping[str, Any] | None,
-    options: SaveOptions,
     scope: Scope,
     writer: AsyncWriter | None = None,
     lock: AbstractContextManager[None] | None = None,
-    on_commit: OnCommit | None = None,
 ) -> CheckpointInfo | PendingSave:
     """The one save pipeline.
 
     1. a job-wide save (:func:`~.scope.is_distributed`) goes to the registered collective
-       save, on every rank; ``on_commit`` runs on every rank;
+       save, on every rank; ``request.on_commit`` runs on every rank;
     2. else each entry is captured (RNG first) and, with a ``writer``, staged and written
        in the background (``lock`` is held until the background write ends), or written
        and committed now (under ``lock``).
 
-    ``on_commit(info)`` runs once the step is committed (retention). The caller checked the
-    arguments (:func:`check_save`).
+    ``request.on_commit(info)`` runs once the step is committed (retention). The caller
+    checked the state (:func:`check_save`); ``request`` checked itself.
     """
     if is_distributed(scope, state):  # every rank; rank 0 takes the lock itself
         if writer is not None:
-            return collective().submit(
-                storage,
-                state,
-                step=step,
-                metrics=metrics,
-                options=options,
-                writer=writer,
-                on_commit=on_commit,
-            )
-        info = collective().save(storage, state, step=step, metrics=metrics, options=options)
+            return collective().submit(storage, state, request, writer)
+        info = collective().save(storage, state, request)
     else:
+        step, metrics, options = request.step, request.metrics, request.options
         # looked up once per entry (a state may have 500,000 top-level tensors)
         adapters = {name: adapter_for(obj) for name, obj in state.items()}
         options = replace(options, frozen=frozen_names(state, adapters))
@@ -142,14 +130,19 @@ def save_state(
             prepared = writer.prepare(capture(state, adapters), metrics)  # less stall
             options = _grouped(storage, prepared, options)
             return writer.submit(
-                storage, prepared, step=step, options=options, lock=lock, on_commit=on_commit
+                storage,
+                prepared,
+                step=step,
+                options=options,
+                lock=lock,
+                on_commit=request.on_commit,
             )
         with lock or nullcontext(), collector_paused():
             prepared = prepare(capture(state, adapters), metrics)
             options = _grouped(storage, prepared, options)
             info = commit(storage, prepared, step=step, options=options)
-    if on_commit is not None:
-        on_commit(info)
+    if request.on_commit is not None:
+        request.on_commit(info)
     return info
 
 
@@ -163,32 +156,37 @@ def _grouped(storage: Storage, prepared: Prepared, options: SaveOptions) -> Save
     trusted = options.incremental is Incremental.TRUST_MARKS  # marks skip hashing only then
     return replace(
         options,
-        steady=steady_names(storage, stored),
+        steady=steady_names(storage, stored, options.cache.seen),
         marks=frozen_marks(stored, options.frozen) if trusted else {},
     )
 
 
-# A one-off background save per run directory, until it is reported: the next save there
-# waits for it and raises its error. Writers that are done and reported are dropped.
-_in_flight: dict[str, AsyncWriter] = {}
-_in_flight_lock = threading.Lock()
+ONE_OFF_CACHE = IncrementalCache()
+"""What :func:`save` remembers between its calls for incremental saves (per run directory:
+the tensors seen unchanged, the files checked, the frozen shards' marks): ``save`` is a
+function and keeps no object of its own, so its calls share this one (a ``Checkpointer``
+owns its own). Memory only, never a verdict: a file is reused only when its checksum
+matches. Empty again in a forked child."""
 
 
-def _one_off_writer(storage: Storage, distributed: bool) -> AsyncWriter:
-    with _in_flight_lock:
-        for key, writer in list(_in_flight.items()):
-            if writer.idle():
-                del _in_flight[key]
-        previous = _in_flight.pop(storage.describe(), None)
-        if previous is not None:
-            previous.wait()  # one save in flight per directory; raises its error if it failed
-        made = (
-            collective().async_writer(Staging.RELEASE)
-            if distributed
-            else AsyncWriter(Staging.RELEASE)
-        )
-        _in_flight[storage.describe()] = made
-        return made
+def _one_off_writer(distributed: bool) -> AsyncWriter:
+    """A writer of one background save, owned by the ``PendingSave`` it returns: nothing in
+    the process remembers it (two saves into one run directory at once are refused by the
+    directory's writer lock, held by the first until it is written: the caller waits)."""
+    return (
+        collective().async_writer(Staging.RELEASE) if distributed else AsyncWriter(Staging.RELEASE)
+    )
+
+
+class _Keywords(TypedDict, total=False):
+    """The keywords of :func:`save` that do not decide what it returns (for its overloads)."""
+
+    metrics: Mapping[str, Any] | None
+    overwrite: bool
+    shard_bytes: int
+    scope: Scope
+    incremental: Incremental
+    origin: Origin | None
 
 
 @overload
@@ -197,14 +195,9 @@ def save(
     state: Mapping[str, Any],
     *,
     step: int,
-    metrics: Mapping[str, Any] | None = ...,
-    overwrite: bool = ...,
-    shard_bytes: int = ...,
     blocking: Literal[True] = ...,
-    scope: Scope = ...,
     progress: Progress | None = ...,
-    incremental: Incremental = ...,
-    origin: Origin | None = ...,
+    **keywords: Unpack[_Keywords],
 ) -> CheckpointInfo: ...
 
 
@@ -214,14 +207,8 @@ def save(
     state: Mapping[str, Any],
     *,
     step: int,
-    metrics: Mapping[str, Any] | None = ...,
-    overwrite: bool = ...,
-    shard_bytes: int = ...,
     blocking: Literal[False],
-    scope: Scope = ...,
-    progress: None = ...,
-    incremental: Incremental = ...,
-    origin: Origin | None = ...,
+    **keywords: Unpack[_Keywords],
 ) -> PendingSave: ...
 
 
@@ -245,9 +232,13 @@ def save(
     or plain values. The step becomes visible only once all its bytes are durable.
 
     With ``blocking=False`` the call returns once the tensors are copied to host memory and
-    a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
-    the CheckpointInfo. The next save into the same directory waits for it and raises its
-    error if it failed. The host copy is freed once the step is written; to save the same
+    a background thread writes and commits: a :class:`PendingSave`, owned by the caller
+    alone, whose ``wait()`` (or the end of a ``with`` block) returns the CheckpointInfo or
+    raises the save's error; dropped unwaited it gives a ``StatekeeperWarning`` naming the
+    step. Another save into the same directory before it is written raises
+    ``WriterConflictError`` (wait for it first; an fsspec URL's lock excludes nothing, and
+    one ``Storage`` object passed again re-enters its own: there, waiting is the caller's
+    job). The host copy is freed once the step is written; to save the same
     state again and again, ``Checkpointer(..., async_save=True)`` keeps and reuses it. In a
     job, every rank stages its own state and writes in the background (docs/distributed.md,
     "Background saves in a job").
@@ -309,15 +300,14 @@ def save(
         progress=progress,
         incremental=incremental,
         origin=origin,
+        cache=ONE_OFF_CACHE,
     )
     distributed = is_distributed(scope, state)
     return save_state(
         storage,
         state,
-        step=step,
-        metrics=metrics,
-        options=options,
+        SaveRequest(step, metrics, options),
         scope=scope,
-        writer=None if blocking else _one_off_writer(storage, distributed),
+        writer=None if blocking else _one_off_writer(distributed),
         lock=None if distributed else writer_lock(storage),  # a job's save: rank 0 locks
     )

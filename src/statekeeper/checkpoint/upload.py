@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
-from statekeeper.checkpoint.incremental import Reuser, previous_step
+from statekeeper.checkpoint.incremental import IncrementalCache, Reuser, previous_step
 from statekeeper.checkpoint.location import committed
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.errors import CorruptCheckpointError, StepNotFoundError, StorageError
@@ -44,6 +44,8 @@ class Transfer:
     retries: int
     backoff: float
     stop: threading.Event = field(default_factory=threading.Event, compare=False)
+    cache: IncrementalCache = field(default_factory=IncrementalCache, compare=False)
+    """What the uploads remember of the remote's files (checked once, not again)."""
 
     def _check(self) -> None:
         if self.stop.is_set():
@@ -156,7 +158,7 @@ def upload_step(local: Storage, remote: Storage, step: int, transfer: Transfer) 
         txn = transfer.attempt(lambda: remote.begin(entry, replace=exists))
         try:
             previous = transfer.attempt(lambda: previous_step(remote, step))
-            reuser = Reuser(remote, txn, previous, {})
+            reuser = Reuser(remote, txn, previous, {}, transfer.cache)
             run_all(
                 [
                     partial(_copy, local, txn, reuser, entry, name, record, transfer)

@@ -221,7 +221,7 @@ def commit(
         )
         shared = {alias.base for alias in prepared.aliases.values()}
         trust = mode is Incremental.TRUST_MARKS
-        reuser = Reuser(storage, txn, previous, options.marks, shared, trust)
+        reuser = Reuser(storage, txn, previous, options.marks, options.cache, shared, trust)
         for file, members, lay in planned:
             record = reuser.try_reuse(file, members, lay)
             if record is None:

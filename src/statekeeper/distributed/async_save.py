@@ -21,7 +21,7 @@ the loop may change parameters as soon as the call returns.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.gc_pause import collector_paused
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.options import SaveOptions
+from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.distributed.group import agree, background_group, gather
 from statekeeper.distributed.save import (
     Begun,
@@ -111,13 +111,10 @@ class JobWriter(AsyncWriter):
         self,
         storage: Storage,
         state: Mapping[str, Any],
-        *,
-        step: int,
-        metrics: Mapping[str, Any] | None,
-        options: SaveOptions,
-        on_commit: Callable[[CheckpointInfo], None] | None = None,
+        request: SaveRequest,
     ) -> PendingSave:
-        """Stage this rank's state and write the step in the background (every rank).
+        """Stage this rank's state and write ``request``'s step in the background (every
+        rank).
 
         Every rank's failure, its own capture's included, is raised at the same point on
         every rank: by the returned save's ``wait()``, or the writer's next call. (Were the
@@ -147,7 +144,7 @@ class JobWriter(AsyncWriter):
         except BaseException:  # KeyboardInterrupt and the like: this process stops here
             _one_at_a_time.release()
             raise
-        return self._write_later(storage, group, staged, failure, step, metrics, options, on_commit)
+        return self._write_later(storage, group, staged, failure, request)
 
     def _write_later(
         self,
@@ -155,19 +152,17 @@ class JobWriter(AsyncWriter):
         group: dist.ProcessGroup,
         staged: list[Captured],
         failure: BaseException | None,
-        step: int,
-        metrics: Mapping[str, Any] | None,
-        options: SaveOptions,
-        on_commit: Callable[[CheckpointInfo], None] | None,
+        request: SaveRequest,
     ) -> PendingSave:
         """In the background, over ``group``: begin the step with the other ranks, check
         that every rank saves this step, agree that every rank captured its state, write,
         commit, apply retention."""
         begun: list[Begun] = []
         failed = [True]
+        step, on_commit = request.step, request.on_commit
 
         def work() -> CheckpointInfo:
-            begun.append(Begun(storage, step, options, group))
+            begun.append(Begun(storage, step, request.options, group))
             steps = sorted(set(gather(step, group)))
             if len(steps) > 1:  # a safeguard: the ranks' saves must pair the same step
                 raise RankFailure(
@@ -175,7 +170,7 @@ class JobWriter(AsyncWriter):
                     "nothing was committed. Call save() with the same step on every rank"
                 )
             agree(failure, group, f"capturing the state of step {step}")
-            info = write_captured(begun[0], group, staged[0], step, metrics, options)
+            info = write_captured(begun[0], group, staged[0], request)
             failed.clear()  # committed: what follows aborts nothing
             retention: BaseException | None = None
             try:
@@ -198,7 +193,7 @@ class JobWriter(AsyncWriter):
                     self._wrapped.clear()
                 _one_at_a_time.release()
 
-        return self._background(step, work, cleanup)
+        return self._background(storage.describe(), step, work, cleanup)
 
 
 _one_at_a_time = threading.Lock()

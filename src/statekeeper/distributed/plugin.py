@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
 import torch.distributed as dist
 
 from statekeeper.checkpoint.adapters import STATEFUL, Adapter, Kind, register
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
-from statekeeper.checkpoint.collective import register_collective
+from statekeeper.checkpoint.collective import State, register_collective
 from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
-from statekeeper.checkpoint.options import RestoreOptions, SaveOptions
+from statekeeper.checkpoint.options import RestoreOptions
+from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.storage.base import Storage
@@ -22,41 +20,20 @@ __all__ = ["Distributed", "install"]
 class Distributed:
     """The :class:`~statekeeper.checkpoint.collective.Collective` of a torch.distributed job."""
 
-    def save(
-        self,
-        storage: Storage,
-        state: Mapping[str, Any],
-        *,
-        step: int,
-        metrics: Mapping[str, Any] | None,
-        options: SaveOptions,
-    ) -> CheckpointInfo:
+    def save(self, storage: Storage, state: State, request: SaveRequest) -> CheckpointInfo:
         from statekeeper.distributed.save import save_distributed
 
-        return save_distributed(storage, state, step=step, metrics=metrics, options=options)
+        return save_distributed(storage, state, request)
 
     def load(
-        self,
-        storage: Storage,
-        state: Mapping[str, Any],
-        *,
-        step: int | None,
-        options: RestoreOptions,
+        self, storage: Storage, state: State, *, step: int | None, options: RestoreOptions
     ) -> RestoreInfo:
         from statekeeper.distributed.load import load_distributed
 
         return load_distributed(storage, state, step=step, options=options)
 
     def submit(
-        self,
-        storage: Storage,
-        state: Mapping[str, Any],
-        *,
-        step: int,
-        metrics: Mapping[str, Any] | None,
-        options: SaveOptions,
-        writer: AsyncWriter,
-        on_commit: Callable[[CheckpointInfo], None] | None,
+        self, storage: Storage, state: State, request: SaveRequest, writer: AsyncWriter
     ) -> PendingSave:
         from statekeeper.distributed.async_save import JobWriter
 
@@ -66,9 +43,7 @@ class Distributed:
                 "was created before torch.distributed was initialized): create the "
                 "Checkpointer after init_process_group()"
             )
-        return writer.submit_job(
-            storage, state, step=step, metrics=metrics, options=options, on_commit=on_commit
-        )
+        return writer.submit_job(storage, state, request)
 
     def async_writer(self, staging: Staging) -> AsyncWriter:
         from statekeeper.distributed.async_save import JobWriter

@@ -28,6 +28,7 @@ from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.paths import writer_lock
+from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.checkpoint.save import capture
 from statekeeper.checkpoint.writer import check_step, encode_metrics, write_shard
 from statekeeper.distributed.dcp_storage import ChunkWriter, sharded_records
@@ -92,12 +93,7 @@ def capture_step(parts: Split, rank: int) -> Captured:
 
 
 def _manifest(
-    step: int,
-    metrics: Mapping[str, Any] | None,
-    options: SaveOptions,
-    skeleton: Json,
-    writer: ChunkWriter,
-    parts: list[_RankPart],
+    request: SaveRequest, skeleton: Json, writer: ChunkWriter, parts: list[_RankPart]
 ) -> Manifest:
     files: dict[str, FileRecord] = {}
     tensors: dict[str, TensorRecord] = {}
@@ -111,13 +107,13 @@ def _manifest(
         if part.file is not None and part.record is not None:
             files[part.file] = part.record
             tensors.update(part.tensors)
-    provenance = options.provenance_now()
+    provenance = request.options.provenance_now()
     return Manifest(
-        step=step,
+        step=request.step,
         created=provenance.created,
         library=provenance.library,
         origin=provenance.origin,
-        metrics=encode_metrics(metrics),
+        metrics=encode_metrics(request.metrics),
         files=files,
         tensors=tensors,
         aliases={},
@@ -186,20 +182,16 @@ class Begun:
 
 
 def save_distributed(
-    storage: Storage,
-    state: Mapping[str, Any],
-    *,
-    step: int,
-    metrics: Mapping[str, Any] | None,
-    options: SaveOptions,
+    storage: Storage, state: Mapping[str, Any], request: SaveRequest
 ) -> CheckpointInfo:
-    """Save ``state`` as step ``step`` with every rank of the job (call it on all ranks)."""
+    """Save ``state`` as ``request`` says with every rank of the job (call it on all ranks)."""
     parts = split(state)
-    begun = Begun(storage, step, options, checkpoint_group())
+    begun = Begun(storage, request.step, request.options, checkpoint_group())
     failed = True
     try:
-        captured = captured_alike(begun, lambda: capture_step(parts, begun.rank), step)
-        info = write_captured(begun, begun.group, captured, step, metrics, options)
+        capture_now = lambda: capture_step(parts, begun.rank)  # noqa: E731
+        captured = captured_alike(begun, capture_now, request.step)
+        info = write_captured(begun, begun.group, captured, request)
         failed = False
         return info
     finally:
@@ -220,15 +212,10 @@ def captured_alike(begun: Begun, capture_now: Any, step: int) -> Captured:
 
 
 def write_captured(
-    begun: Begun,
-    group: dist.ProcessGroup,
-    captured: Captured,
-    step: int,
-    metrics: Mapping[str, Any] | None,
-    options: SaveOptions,
+    begun: Begun, group: dist.ProcessGroup, captured: Captured, request: SaveRequest
 ) -> CheckpointInfo:
     """Write a captured step with every rank, over ``group``, then commit (rank 0)."""
-    storage, txn, rank = begun.storage, begun.txn, begun.rank
+    storage, txn, rank, step = begun.storage, begun.txn, begun.rank, request.step
     failure: BaseException | None = None
     mine: _RankPart | None = None
     files: FileWriter | None = txn
@@ -256,7 +243,7 @@ def write_captured(
     failure = None
     if txn is not None:
         try:
-            manifest = _manifest(step, metrics, options, flat.skeleton, writer, everyone)
+            manifest = _manifest(request, flat.skeleton, writer, everyone)
             data = manifest.to_bytes()
             txn.write(MANIFEST, data)
             txn.commit()

@@ -1,0 +1,134 @@
+"""``save(..., blocking=False)`` returns a ``PendingSave`` its caller owns: nothing else in
+the process remembers it, a second save into the directory while it runs is refused by
+name, and one dropped without a look is loud."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import statekeeper as sk
+from statekeeper.checkpoint.pending import PendingSave
+from statekeeper.storage.memory import MemoryStorage
+
+
+class Gated(MemoryStorage):
+    """A memory storage whose writes begin only once ``gate`` is set (the save is then
+    certainly in flight while the test acts)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+        self.gate = threading.Event()
+
+    def begin(self, entry: str, *, replace: bool = False) -> Any:
+        if not self.gate.wait(timeout=120):  # a hang guard only
+            raise TimeoutError("the test never opened the gate")
+        return super().begin(entry, replace=replace)
+
+
+def _save_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("statekeeper-save")}
+
+
+def _join(threads: set[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(timeout=120)  # a hang guard only: it ends once its save has ended
+        assert not thread.is_alive()
+
+
+@pytest.fixture
+def gated(request: pytest.FixtureRequest) -> Iterator[Gated]:
+    storage = Gated(f"memory://pending-{request.node.name}")
+    yield storage
+    storage.gate.set()
+
+
+def test_a_pending_save_is_a_context_manager_that_waits(tmp_path: Any) -> None:
+    with sk.save(tmp_path, {"x": torch.ones(3)}, step=1, blocking=False) as pending:
+        assert pending.step == 1
+    assert pending.done() and pending.error is None
+    assert pending.result.step == 1
+    assert [c.step for c in sk.list_checkpoints(tmp_path)] == [1]
+
+
+def test_a_second_save_into_the_directory_while_one_runs_is_refused(gated: Gated) -> None:
+    before = _save_threads()
+    first = sk.save(gated, {"x": torch.ones(3)}, step=1, blocking=False)
+    assert not first.done()
+    with pytest.raises(sk.WriterConflictError, match="being written"):
+        sk.save(gated, {"x": torch.ones(3)}, step=2, blocking=False)
+    gated.gate.set()
+    assert first.wait().step == 1
+    _join(_save_threads() - before)
+    sk.save(gated, {"x": torch.ones(3)}, step=2, blocking=False).wait()  # its turn now
+    assert [c.step for c in sk.list_checkpoints(gated)] == [1, 2]
+
+
+def test_a_save_dropped_while_it_runs_warns_naming_its_step_and_still_commits(
+    gated: Gated,
+) -> None:
+    before = _save_threads()
+    pending = sk.save(gated, {"x": torch.ones(3)}, step=7, blocking=False)
+    with pytest.warns(sk.StatekeeperWarning, match="step 7 .*dropped before it was waited"):
+        del pending
+    gated.gate.set()
+    _join(_save_threads() - before)
+    assert [c.step for c in sk.list_checkpoints(gated)] == [7]
+
+
+def test_a_dropped_save_that_then_fails_warns_with_its_error(gated: Gated) -> None:
+    gated.fail_at = gated.operations + 3
+    before = _save_threads()
+    pending = sk.save(gated, {"x": torch.ones(3)}, step=4, blocking=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del pending
+        gated.gate.set()
+        _join(_save_threads() - before)  # the failure is given by the writing thread
+    texts = [str(w.message) for w in caught if issubclass(w.category, sk.StatekeeperWarning)]
+    assert any("step 4" in t and "dropped" in t for t in texts)
+    assert any("step 4" in t and "InjectedFailure" in t for t in texts)
+    assert sk.list_checkpoints(gated) == []
+
+
+def _failed(name: str) -> tuple[MemoryStorage, PendingSave]:
+    """A one-off save of step 1 that failed, its thread ended (nobody looked yet)."""
+    storage = MemoryStorage(name=f"memory://pending-{name}")
+    storage.fail_at = storage.operations + 3
+    before = _save_threads()
+    pending = sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)
+    _join(_save_threads() - before)
+    return storage, pending
+
+
+def test_a_failed_save_dropped_unwaited_warns_and_the_next_save_goes_on() -> None:
+    storage, pending = _failed("failed")
+    assert pending.done()
+    with pytest.warns(sk.StatekeeperWarning, match="step 1 .*failed.*InjectedFailure"):
+        del pending
+    sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False).wait()  # not raised again
+    assert [c.step for c in sk.list_checkpoints(storage)] == [2]
+
+
+def test_a_failure_looked_at_through_error_is_not_warned_again() -> None:
+    _, pending = _failed("error")
+    assert isinstance(pending.error, sk.InjectedFailure)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sk.StatekeeperWarning)
+        del pending
+
+
+def test_a_checkpointers_pending_saves_belong_to_it(tmp_path: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sk.StatekeeperWarning)
+        with sk.Checkpointer(tmp_path, async_save=True) as ckpt:
+            for step in (1, 2, 3):
+                ckpt.save(step, {"x": torch.full((4,), float(step))})  # dropped: its own
+            info = ckpt.wait()
+    assert info is not None and info.step == 3
+    assert [c.step for c in sk.list_checkpoints(tmp_path)] == [1, 2, 3]

@@ -167,7 +167,7 @@ def _load_local(
 def _load_once(
     location: Location, state: Mapping[str, Any], options: RestoreOptions
 ) -> RestoreInfo:
-    ctx = Restoring(state, options.strict, options.change)
+    ctx = Restoring(state, options.strict, options.on_optimizer_change)
     with PendingStep(location) as pending:
         try:  # checks and copy plans only inspect the state: they overlap the checksums
             prepared, problems = _plan(dict(pending.state), ctx)

@@ -251,7 +251,7 @@ def save(
     a background thread writes and commits: a :class:`PendingSave` whose ``wait()`` returns
     the CheckpointInfo. The next save into the same directory waits for it and raises its
     error if it failed. The host copy is freed once the step is written; to save the same
-    state again and again, ``Checkpointer(..., async_save=True)`` keeps and reuses it. In a
+    state again and again, ``Checkpointer(..., blocking=False)`` keeps and reuses it. In a
     job, every rank stages its own state and writes in the background (docs/distributed.md,
     "Background saves in a job").
 

@@ -893,9 +893,7 @@ def report(meta: dict[str, Any], data: dict[str, Any]) -> list[list[str]]:
         table(head, throughput_rows(results, "raw read bound", nb))
     if data["load_info"]["fadvise"] != "ok":
         print(f"\n  cold (fadvise) not measured: {data['load_info']['fadvise']}")
-    print(
-        "\nAsync save: caller stall (until Checkpointer(blocking=False).save returns) and commit"
-    )
+    print("\nAsync save: caller stall (until Checkpointer(blocking=False).save returns) and commit")
     base = asyncs["memcpy"].median
     rows = []
     for name, s in asyncs.items():

@@ -136,7 +136,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         lambda t: sk.load(_saved(t), {"x": torch.zeros(2)}, strict=True),
         ("strict", "Strict"),
     ),
-    "Mirror(5)": (lambda t: sk.Mirror(5), ("Mirror target", "s3://bucket/run")),  # type: ignore[arg-type]
+    "Mirror(5)": (lambda t: sk.Mirror(5), ("Mirror directory", "s3://bucket/run")),  # type: ignore[arg-type]
     "Mirror(keep=3)": (
         lambda t: sk.Mirror(str(t / "m"), keep=3),  # type: ignore[arg-type]
         ("Mirror keep", "KeepEvery(10)"),

@@ -208,7 +208,7 @@ def _async_rows(
     stager = DefaultStager(StagingOptions(cuda, False, True, cuda))  # pinned, no shm, async
 
     run_dir = root / "sk-async"
-    ckpt = sk.Checkpointer(run_dir, async_save=True)
+    ckpt = sk.Checkpointer(run_dir, blocking=False)
     who_all = ("copy", "sk", "dcp", "dcp_stager")
     times: dict[str, list[float]] = {"copy": []}
     for who in who_all[1:]:

@@ -12,7 +12,7 @@ bfloat16; the parameters of one ``nn.Module``), medians over interleaved rounds 
   every file through ``mmap``, then one fused copy: the least work of a loader that checks
   every byte before it changes a live tensor) vs ``torch.load(mmap=True)`` /
   ``safetensors.torch.load_file`` + ``load_state_dict`` vs DCP ``load``;
-- async: the caller stall of ``Checkpointer(async_save=True).save`` vs a plain copy of every
+- async: the caller stall of ``Checkpointer(blocking=False).save`` vs a plain copy of every
   tensor into preallocated buffers, and the time until ``wait()`` returns (committed);
 - peak extra RSS of each save, one fresh subprocess per contender (``--peak NAME``).
 
@@ -720,7 +720,7 @@ def bench_async(ctx: Ctx, tmp: Path, runs: int) -> dict[str, Series]:
     # a training loop's async saves: one Checkpointer, whose writer keeps its staging buffer
     # (a one-off sk.save(blocking=False) frees it once written). One untimed save first: the
     # staging buffer is allocated once, then reused.
-    ckpt = sk.Checkpointer(run_dir, async_save=True)
+    ckpt = sk.Checkpointer(run_dir, blocking=False)
     try:
         ckpt.save(0, {"model": ctx.model})
         ckpt.wait()
@@ -893,9 +893,7 @@ def report(meta: dict[str, Any], data: dict[str, Any]) -> list[list[str]]:
         table(head, throughput_rows(results, "raw read bound", nb))
     if data["load_info"]["fadvise"] != "ok":
         print(f"\n  cold (fadvise) not measured: {data['load_info']['fadvise']}")
-    print(
-        "\nAsync save: caller stall (until Checkpointer(async_save=True).save returns) and commit"
-    )
+    print("\nAsync save: caller stall (until Checkpointer(blocking=False).save returns) and commit")
     base = asyncs["memcpy"].median
     rows = []
     for name, s in asyncs.items():

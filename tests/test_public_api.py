@@ -24,11 +24,11 @@ EXPECTED = {
     "average_checkpoints",
     "list_checkpoints", "list_partial", "load", "read", "remove_partial", "save",
     "CheckpointUnreadableError", "LocationError", "StateMismatchError", "Progress",
-    "DiffResult", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
+    "DiffReport", "TiedKeys", "UnsafePickleError", "convert", "diff", "export",
     "FsspecStorage", "PerRank", "RankFailure", "Scope", "SharedStorage",
     "Mirror", "MirrorError", "MirrorStatus", "PendingRemoval", "RetentionStatus",
     "OutputExistsError",
-    "OnSignal", "inspect", "verify", "ForeignReport", "StepReport", "StepVerification",
+    "OnSignal", "inspect", "verify", "ForeignReport", "InspectReport", "StepVerifyReport",
     "VerifyReport", "ClearAction", "ClearInclude", "ClearMode", "ClearReport", "Cleared",
     "clear_state", "register_clear_rule",
 }  # fmt: skip

@@ -27,7 +27,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.checkpoint.checkpointer import Checkpointer
     from statekeeper.checkpoint.incremental import Incremental
     from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
-    from statekeeper.checkpoint.inspection import StepReport
+    from statekeeper.checkpoint.inspection import InspectReport
     from statekeeper.checkpoint.listing import list_checkpoints, list_partial, remove_partial
     from statekeeper.checkpoint.load import Strict, load
     from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
@@ -47,7 +47,7 @@ if _typing.TYPE_CHECKING:
     from statekeeper.checkpoint.retention import PendingRemoval, RetentionStatus
     from statekeeper.checkpoint.save import save
     from statekeeper.checkpoint.scope import Scope
-    from statekeeper.checkpoint.verification import StepVerification, VerifyReport
+    from statekeeper.checkpoint.verification import StepVerifyReport, VerifyReport
     from statekeeper.data.loader import ResumableLoader
     from statekeeper.data.sampler import ResumableBatchSampler, ResumableSampler
     from statekeeper.data.seeding import SeededDataset
@@ -76,9 +76,10 @@ if _typing.TYPE_CHECKING:
         WriterConflictError,
     )
     from statekeeper.interop.convert import convert
-    from statekeeper.interop.diff import DiffResult, diff
+    from statekeeper.interop.diff import DiffReport, diff
     from statekeeper.interop.export import export
-    from statekeeper.interop.inspection import ForeignReport, inspect
+    from statekeeper.interop.foreign_report import ForeignReport
+    from statekeeper.interop.inspection import inspect
     from statekeeper.interop.reading import read
     from statekeeper.interop.tied import TiedKeys
     from statekeeper.interop.verification import verify
@@ -109,7 +110,7 @@ _EXPORTS = {
     "Checkpointer": "statekeeper.checkpoint.checkpointer",
     "CheckpointUnreadableError": "statekeeper.errors",
     "CorruptCheckpointError": "statekeeper.errors",
-    "DiffResult": "statekeeper.interop.diff",
+    "DiffReport": "statekeeper.interop.diff",
     "EMA": "statekeeper.averaging.rules",
     "EverySeconds": "statekeeper.checkpoint.policies",
     "EverySteps": "statekeeper.checkpoint.policies",
@@ -191,9 +192,9 @@ _EXPORTS = {
     "update_bn": "statekeeper.averaging.bn",
     "inspect": "statekeeper.interop.inspection",
     "verify": "statekeeper.interop.verification",
-    "ForeignReport": "statekeeper.interop.inspection",
-    "StepReport": "statekeeper.checkpoint.inspection",
-    "StepVerification": "statekeeper.checkpoint.verification",
+    "ForeignReport": "statekeeper.interop.foreign_report",
+    "InspectReport": "statekeeper.checkpoint.inspection",
+    "StepVerifyReport": "statekeeper.checkpoint.verification",
     "VerifyReport": "statekeeper.checkpoint.verification",
 }
 
@@ -256,7 +257,7 @@ __all__ = [
     "SavePolicy",
     "SeededDataset",
     "CorruptCheckpointError",
-    "DiffResult",
+    "DiffReport",
     "Incremental",
     "Origin",
     "InjectedFailure",
@@ -314,7 +315,7 @@ __all__ = [
     "inspect",
     "verify",
     "ForeignReport",
-    "StepReport",
-    "StepVerification",
+    "InspectReport",
+    "StepVerifyReport",
     "VerifyReport",
 ]

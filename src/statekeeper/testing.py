@@ -61,9 +61,9 @@ class Run:
     state: dict[str, Any]
     step: Callable[[int], None]
     generators: Mapping[str, Generator] = field(default_factory=dict)
-    async_save: bool = False
-    """Save as the run's Checkpointer would with ``async_save=True``: the kill then comes
-    while the last step may still be written in the background."""
+    blocking: bool = True
+    """False: save as the run's Checkpointer would with ``blocking=False``: the kill then
+    comes while the last step may still be written in the background."""
 
 
 def _reference(make_run: Callable[[], Run]) -> str:
@@ -127,7 +127,7 @@ def _run_child(ref: str, mode: str, run_dir: str, out_dir: str, steps: int, stop
     run = _load_reference(ref)()
     start = 0
     with Checkpointer(
-        run_dir, every=EverySteps(1), generators=run.generators, async_save=run.async_save
+        run_dir, every=EverySteps(1), generators=run.generators, blocking=run.blocking
     ) as ckpt:
         if mode == "resume":
             start = ckpt.restore_latest(run.state) or 0

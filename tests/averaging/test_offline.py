@@ -133,7 +133,7 @@ def test_newest_is_the_highest_step_then_the_last_path(tmp_path: Path) -> None:
 def test_key_averages_one_entry_and_saves_only_it(tmp_path: Path) -> None:
     runs = _runs(tmp_path)
     steps = [run / "step_000000010" for run in runs[:1]] + runs[1:]  # a step dir works too
-    info = average_checkpoints(steps, tmp_path / "out", key="model", step=7)
+    info = average_checkpoints(steps, tmp_path / "out", key="model", out_step=7)
     out = sk.read(tmp_path / "out")
     assert info.step == 7 and list(out) == ["model"]
     full = sk.read(runs[0])["model"]
@@ -219,7 +219,7 @@ def test_existing_output_step_is_refused(tmp_path: Path) -> None:
     runs = _runs(tmp_path)
     with pytest.raises(sk.StepExistsError):
         average_checkpoints(runs, runs[2])
-    info = average_checkpoints(runs, runs[2], step=31)  # into an input run, as a new step
+    info = average_checkpoints(runs, runs[2], out_step=31)  # into an input run, as a new step
     assert info.step == 31 and [i.step for i in sk.list_checkpoints(runs[2])] == [30, 31]
 
 

@@ -33,7 +33,7 @@ def test_staged_values_are_a_snapshot(tmp_path: Path) -> None:
 
 def test_two_saves_in_a_row_never_interleave() -> None:
     storage = MemoryStorage()
-    with sk.Checkpointer(storage, async_save=True) as ckpt:
+    with sk.Checkpointer(storage, blocking=False) as ckpt:
         for step in (1, 2, 3):
             ckpt.save(step, {"x": torch.full((1000,), float(step))})
     commits = [i for i, op in enumerate(storage.log) if op.startswith("rename")]
@@ -45,7 +45,7 @@ def test_two_saves_in_a_row_never_interleave() -> None:
 
 def test_a_background_failure_surfaces_on_the_next_call_and_on_close() -> None:
     storage = MemoryStorage()
-    ckpt = sk.Checkpointer(storage, async_save=True)
+    ckpt = sk.Checkpointer(storage, blocking=False)
     ckpt.save(1, {"x": 1})
     ckpt.wait()
     storage.fail_at = storage.operations + 2
@@ -72,7 +72,7 @@ def test_pending_save_wait_raises_once(tmp_path: Path) -> None:
 
 
 def test_retention_runs_after_each_background_commit(tmp_path: Path) -> None:
-    with sk.Checkpointer(tmp_path, async_save=True, keep=sk.KeepLatest(2)) as ckpt:
+    with sk.Checkpointer(tmp_path, blocking=False, keep=sk.KeepLatest(2)) as ckpt:
         for step in range(1, 6):
             ckpt.save(step, {"x": step})
         ckpt.wait()
@@ -81,7 +81,7 @@ def test_retention_runs_after_each_background_commit(tmp_path: Path) -> None:
 
 def test_staging_buffer_is_reused_between_saves() -> None:
     storage = MemoryStorage()
-    with sk.Checkpointer(storage, async_save=True) as ckpt:
+    with sk.Checkpointer(storage, blocking=False) as ckpt:
         ckpt.save(1, {"x": torch.zeros(1000)})
         ckpt.wait()
         buffer = ckpt._writer._staging  # type: ignore[union-attr]

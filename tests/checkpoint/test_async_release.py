@@ -55,7 +55,7 @@ def test_background_saves_to_an_fsspec_url_release_the_lock_from_the_writing_thr
     x = torch.arange(4.0)
     sk.save(url, {"x": x}, step=1, blocking=False).wait()
     sk.save(url, {"x": x}, step=2, blocking=False).wait()  # the lock was released
-    with sk.Checkpointer(url, async_save=True) as ckpt:
+    with sk.Checkpointer(url, blocking=False) as ckpt:
         ckpt.save(3, {"x": x})
     assert [c.step for c in sk.list_checkpoints(url)] == [1, 2, 3]
 
@@ -67,7 +67,7 @@ def _save_threads() -> list[threading.Thread]:
 def test_a_checkpointer_keeps_one_writing_thread_until_it_is_closed(tmp_path: Path) -> None:
     before = set(_save_threads())
     state = {"x": torch.arange(8.0)}
-    with sk.Checkpointer(tmp_path / "run", async_save=True) as ckpt:
+    with sk.Checkpointer(tmp_path / "run", blocking=False) as ckpt:
         seen = []
         for step in (1, 2, 3):
             ckpt.save(step, state).wait()
@@ -103,7 +103,7 @@ def test_a_failing_clean_up_is_reported_not_a_wait_that_hangs() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX only")
 def test_a_forked_child_saves_with_a_thread_of_its_own(tmp_path: Path) -> None:
-    with sk.Checkpointer(tmp_path / "run", async_save=True) as ckpt:
+    with sk.Checkpointer(tmp_path / "run", blocking=False) as ckpt:
         ckpt.save(1, {"x": torch.ones(3)}).wait()  # the parent's writer thread runs
         pid = os.fork()
         if pid == 0:  # the child: its writer must not hand work to the parent's thread

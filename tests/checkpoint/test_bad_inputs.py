@@ -89,7 +89,10 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("step", "int"),
     ),
     "Checkpointer.save(True)": (_with_ckpt(lambda c: c.save(True, {"x": 1})), ("step", "int")),
-    "async_save='yes'": (lambda t: _ckpt(t, async_save="yes"), ("async_save", "True or False")),
+    "Checkpointer blocking='yes'": (
+        lambda t: _ckpt(t, blocking="yes"),
+        ("blocking", "True or False"),
+    ),
     "blocking='no'": (
         lambda t: sk.save(t / "r", {"x": 1}, step=1, blocking="no"),
         ("blocking", "True or False"),
@@ -111,7 +114,6 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("overwrite", "True or False"),
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
-    "clock=None": (lambda t: _ckpt(t, clock=None), ("clock", "time.monotonic")),
     "AveragedModel(5)": (lambda t: sk.AveragedModel(5), ("model", "nn.Module")),  # type: ignore[arg-type]
     "KeepLatest('3')": (lambda t: sk.KeepLatest("3"), ("KeepLatest(n)", "int")),  # type: ignore[arg-type]
     "EverySteps(2.0)": (lambda t: sk.EverySteps(2.0), ("EverySteps(n)", "int")),  # type: ignore[arg-type]
@@ -134,7 +136,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         lambda t: sk.load(_saved(t), {"x": torch.zeros(2)}, strict=True),
         ("strict", "Strict"),
     ),
-    "Mirror(5)": (lambda t: sk.Mirror(5), ("Mirror target", "s3://bucket/run")),  # type: ignore[arg-type]
+    "Mirror(5)": (lambda t: sk.Mirror(5), ("Mirror directory", "s3://bucket/run")),  # type: ignore[arg-type]
     "Mirror(keep=3)": (
         lambda t: sk.Mirror(str(t / "m"), keep=3),  # type: ignore[arg-type]
         ("Mirror keep", "KeepEvery(10)"),

@@ -168,7 +168,7 @@ def test_a_full_disk_is_a_storage_error_naming_run_step_file_and_bytes(
         if how == "save":
             sk.save(run, _big(2), step=2)
             return
-        with sk.Checkpointer(run, async_save=how == "async") as ckpt:
+        with sk.Checkpointer(run, blocking=how != "async") as ckpt:
             ckpt.save(2, _big(2))
 
     with pytest.raises(sk.StorageError) as caught:

@@ -159,7 +159,7 @@ def test_write_all_writes_every_file(tmp_path: Path) -> None:
 
 def test_background_saves_reuse_too(tmp_path: Path) -> None:
     state, adapter, opt = lora_state()
-    with sk.Checkpointer(tmp_path, async_save=True) as ckpt:
+    with sk.Checkpointer(tmp_path, blocking=False) as ckpt:
         for step in (1, 2, 3):
             lora_step(adapter, opt)
             ckpt.save(step, state)
@@ -246,7 +246,7 @@ def test_a_frozen_shard_is_hashed_at_every_save_unless_marks_are_trusted(
     calls = _checksums(monkeypatch)
     state, adapter, opt = lora_state()
     keep = sk.KeepLatest(1)
-    with sk.Checkpointer(tmp_path, keep=keep, async_save=True, incremental=mode) as ckpt:
+    with sk.Checkpointer(tmp_path, keep=keep, blocking=False, incremental=mode) as ckpt:
         for step in (1, 2, 3, 4):  # marks taken in the caller
             lora_step(adapter, opt)
             ckpt.save(step, state)

@@ -20,14 +20,14 @@ import statekeeper as sk
 from statekeeper.checkpoint.inspection import (
     UNREFERENCED,
     EntryReport,
+    InspectReport,
     ReportTotals,
-    StepReport,
     TensorRow,
     ValueRow,
     inspect_step,
 )
 from statekeeper.checkpoint.verification import (
-    StepVerification,
+    StepVerifyReport,
     VerifyReport,
     step_locations,
     verify_steps,
@@ -85,7 +85,7 @@ def _flip_last_byte(step_dir: Path) -> Path:
 
 def test_inspect_reports_the_newest_step_as_typed_frozen_rows(run: Path) -> None:
     report = inspect(run)
-    assert isinstance(report, StepReport)
+    assert isinstance(report, InspectReport)
     assert (report.step, report.path, dict(report.metrics)) == (
         2,
         str(_step(run, 2)),
@@ -127,13 +127,13 @@ def test_inspect_reports_the_newest_step_as_typed_frozen_rows(run: Path) -> None
 
 def test_inspect_picks_a_step_and_takes_step_directories_and_storages(run: Path) -> None:
     first = inspect(run, step=1)
-    assert isinstance(first, StepReport) and first.step == 1 and first.metrics == {}
+    assert isinstance(first, InspectReport) and first.step == 1 and first.metrics == {}
     assert inspect(_step(run, 1)) == first  # the same report, from the step directory
     assert inspect_step(str(run), 1) == first
     storage = MemoryStorage()
     sk.save(storage, {"w": torch.ones(2)}, step=4)
     in_memory = inspect(storage)
-    assert isinstance(in_memory, StepReport) and in_memory.step == 4
+    assert isinstance(in_memory, InspectReport) and in_memory.step == 4
     assert [row.key for entry in in_memory.entries for row in entry.tensors] == [""]
 
 
@@ -142,7 +142,7 @@ def test_inspect_of_a_damaged_manifest_or_missing_target_raises(run: Path, tmp_p
     manifest.write_bytes(manifest.read_bytes()[:-5])
     with pytest.raises(CorruptCheckpointError, match=r"manifest\.json"):
         inspect(run)
-    assert isinstance(inspect(run, step=1), StepReport)  # the other step still reads
+    assert isinstance(inspect(run, step=1), InspectReport)  # the other step still reads
     with pytest.raises(StepNotFoundError, match="committed steps: 1, 2"):
         inspect(run, step=7)
     with pytest.raises(StepNotFoundError, match="is not a directory"):
@@ -157,14 +157,14 @@ def test_inspect_of_a_damaged_manifest_or_missing_target_raises(run: Path, tmp_p
 def test_inspect_reads_only_the_manifest(run: Path) -> None:
     _flip_last_byte(_step(run, 2))  # tensor data is not read: the report is whole
     report = inspect(run)
-    assert isinstance(report, StepReport) and report.totals.tensors == 4
+    assert isinstance(report, InspectReport) and report.totals.tensors == 4
 
 
 def test_overlapping_views_share_one_stored_base_listed_as_unreferenced(tmp_path: Path) -> None:
     base = torch.arange(10.0)
     sk.save(tmp_path, {"a": base[0:4], "b": base[2:6], "m": {"x": base[1:3]}}, step=1)
     report = inspect(tmp_path)
-    assert isinstance(report, StepReport)
+    assert isinstance(report, InspectReport)
     entries = {entry.name: entry for entry in report.entries}
     assert list(entries) == ["a", "b", "m", UNREFERENCED]
     (stored,) = entries[UNREFERENCED].tensors
@@ -181,7 +181,7 @@ def test_verify_intact_run_reports_every_step(run: Path) -> None:
     assert [s.step for s in report.steps] == [1, 2]
     for result, step in zip(report.steps, (1, 2), strict=True):
         size = sum(f.stat().st_size for f in _step(run, step).iterdir())
-        assert result == StepVerification(step, str(_step(run, step)), True, None, size)
+        assert result == StepVerifyReport(step, str(_step(run, step)), True, None, size)
     only = verify(run, step=1)
     assert [s.step for s in only.steps] == [1] and only.ok
     assert verify(_step(run, 2)).steps == report.steps[1:]

@@ -315,7 +315,7 @@ def test_a_preemption_saves_at_once_without_waiting_for_uploads(
 
 def test_background_saves_with_a_mirror(tmp_path: Path, remote: sk.FsspecStorage) -> None:
     state, adapter, opt = lora_state(width=128)
-    with sk.Checkpointer(tmp_path, async_save=True, mirror=sk.Mirror(remote)) as ckpt:
+    with sk.Checkpointer(tmp_path, blocking=False, mirror=sk.Mirror(remote)) as ckpt:
         for step in (1, 2, 3):
             lora_step(adapter, opt)
             ckpt.save(step, state)

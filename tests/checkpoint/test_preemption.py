@@ -126,7 +126,7 @@ def test_in_one_process_the_save_is_synchronous_and_handlers_come_back(tmp_path:
     before = signal.signal(signal.SIGUSR1, earlier)
     try:
         every = sk.EverySteps(2) | sk.OnSignal("sigusr1")
-        with sk.Checkpointer(tmp_path, every=every, async_save=True) as ckpt:
+        with sk.Checkpointer(tmp_path, every=every, blocking=False) as ckpt:
             x = torch.zeros(3)
             assert ckpt.maybe_save(1, {"x": x}) is None and not ckpt.preempted
             pending = ckpt.maybe_save(2, {"x": x})  # a background save in flight...

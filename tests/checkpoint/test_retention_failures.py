@@ -43,7 +43,7 @@ def _immutable(path: Path) -> Iterator[None]:
 @pytest.mark.parametrize("async_save", [False, True], ids=["blocking", "background"])
 def test_an_immutable_step_fails_no_save(tmp_path: Path, async_save: bool) -> None:
     state = {"w": torch.ones(8)}
-    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), async_save=async_save) as ckpt:
+    with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1), blocking=not async_save) as ckpt:
 
         def save(step: int) -> sk.CheckpointInfo:
             done = ckpt.save(step, state)

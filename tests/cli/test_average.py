@@ -65,7 +65,7 @@ def test_average_json_weights_and_key(invoke: Invoke, runs: list[Path], tmp_path
         "bytes": sum(f.stat().st_size for f in step_dir.iterdir()),
     }
     assert list(sk.read(out)) == ["model"]
-    again = invoke("average", *runs, "-o", out, "--step", "31", "--json")
+    again = invoke("average", *runs, "-o", out, "--out-step", "31", "--json")
     assert again.exit_code == 0 and _json(again)["step"] == 31
 
 
@@ -127,7 +127,7 @@ def test_average_onto_an_existing_step_names_the_cli_flag(
     again = invoke("average", *runs, "-o", out)
     assert again.exit_code == 1 and "pass --overwrite" in again.stderr
     assert "overwrite=True" not in again.stderr
-    replaced = invoke("average", runs[0], runs[1], "-o", out, "--overwrite", "--step", "30")
+    replaced = invoke("average", runs[0], runs[1], "-o", out, "--overwrite", "--out-step", "30")
     assert replaced.exit_code == 0, replaced.output
     expected = (_model(0)[0].weight + _model(1)[0].weight) / 2
     assert torch.allclose(sk.read(out)["model"]["0.weight"], expected)

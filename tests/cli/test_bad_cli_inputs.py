@@ -63,7 +63,7 @@ def test_convert_of_a_run_into_itself_is_refused(
 ) -> None:
     before = [c.step for c in sk.list_checkpoints(run_dir)]
     src = run_dir if source == "run" else run_dir / "step_000000002"
-    result = invoke("convert", src, f"{run_dir}/")
+    result = invoke("convert", src, "-o", f"{run_dir}/")
     assert result.exit_code == 2, result.output
     assert "are the same run" in result.output
     assert [c.step for c in sk.list_checkpoints(run_dir)] == before  # no step 0 added

@@ -21,7 +21,7 @@ def test_export_tied_model_bf16(invoke: Invoke, tmp_path: Path) -> None:
     opt = torch.optim.Adam(model.parameters())
     sk.save(tmp_path / "run", {"model": model, "opt": opt}, step=1)
     out = tmp_path / "model.safetensors"
-    result = invoke("export", tmp_path / "run", out, "--dtype", "bf16")
+    result = invoke("export", tmp_path / "run", "-o", out, "--dtype", "bf16")
     assert result.exit_code == 0, result.output
     assert "exported entry 'model': 4 tensor(s) (3 stored)" in result.stdout
     assert "cast to bfloat16" in result.stdout
@@ -39,7 +39,7 @@ def test_export_json_with_key_and_prefix(invoke: Invoke, tmp_path: Path) -> None
         tmp_path / "s.pt", {"ema": {f"_orig_mod.{k}": v for k, v in weights.items()}, "step": 1}
     )
     out = tmp_path / "ema.safetensors"
-    result = invoke("export", source, out, "--key", "ema", "--strip-prefix", "--json")
+    result = invoke("export", source, "-o", out, "--key", "ema", "--strip-prefix", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["key"] == "ema" and data["stored"] == 7 and data["aliases"] == {}
@@ -48,9 +48,9 @@ def test_export_json_with_key_and_prefix(invoke: Invoke, tmp_path: Path) -> None
 
 def test_export_errors(invoke: Invoke, tmp_path: Path) -> None:
     source = formats.torch_file(tmp_path / "s.pt", {"a": formats.weights(), "b": {"x": 1}})
-    bad = invoke("export", source, tmp_path / "out.bin")
+    bad = invoke("export", source, "-o", tmp_path / "out.bin")
     assert bad.exit_code == 2 and "must be a .safetensors file" in bad.stderr
-    missing = invoke("export", source, tmp_path / "o.safetensors", "--key", "nope")
+    missing = invoke("export", source, "-o", tmp_path / "o.safetensors", "--key", "nope")
     assert missing.exit_code == 2 and "no entry 'nope'" in missing.stderr
 
 
@@ -58,10 +58,10 @@ def test_export_never_replaces_a_file_without_overwrite(invoke: Invoke, tmp_path
     sk.save(tmp_path / "run", {"model": formats.TiedLM()}, step=1)
     out = tmp_path / "model.safetensors"
     out.write_bytes(b"keep me")
-    result = invoke("export", tmp_path / "run", out)
+    result = invoke("export", tmp_path / "run", "-o", out)
     assert result.exit_code == 1
     assert "--overwrite" in result.output
     assert out.read_bytes() == b"keep me"
-    result = invoke("export", tmp_path / "run", out, "--overwrite")
+    result = invoke("export", tmp_path / "run", "-o", out, "--overwrite")
     assert result.exit_code == 0, result.output
     formats.TiedLM().load_state_dict(sk.read(out))

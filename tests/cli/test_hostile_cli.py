@@ -121,8 +121,8 @@ def test_readers_refuse_the_hostile_step(
     args: dict[str, tuple[object, ...]] = {
         "inspect": (step,),
         "diff": (run / "step_000000001", step),
-        "convert": (step, tmp_path / "out.safetensors"),
-        "export": (step, tmp_path / "out.safetensors"),
+        "convert": (step, "-o", tmp_path / "out.safetensors"),
+        "export": (step, "-o", tmp_path / "out.safetensors"),
         "average": (run / "step_000000001", step, "-o", tmp_path / "avg"),
     }
     result = _run(invoke, command, *args[command])

@@ -185,8 +185,8 @@ def test_api_readers_refuse(crafted: Path, tmp_path: Path, call: Callable[..., A
     [
         ["verify", "{run}"],
         ["diff", "{run}", "{run}"],
-        ["convert", "{run}", "{out}/flat.safetensors"],
-        ["export", "{run}", "{out}/weights.safetensors"],
+        ["convert", "{run}", "-o", "{out}/flat.safetensors"],
+        ["export", "{run}", "-o", "{out}/weights.safetensors"],
     ],
     ids=lambda a: a[0],
 )

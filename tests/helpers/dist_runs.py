@@ -41,4 +41,4 @@ def fsdp_run() -> Run:
 def fsdp_run_async() -> Run:
     """The same run, saving in the background (killed while a save may be in flight)."""
     run = fsdp_run()
-    return Run(state=run.state, step=run.step, async_save=True)
+    return Run(state=run.state, step=run.step, blocking=False)

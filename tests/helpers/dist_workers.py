@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import statekeeper as sk
+from statekeeper.checkpoint import checkpointer as checkpointer_module
 from statekeeper.distributed.group import checkpoint_group
 
 STEPS_BEFORE = 3
@@ -187,7 +188,7 @@ def async_saves(rank: int, world: int, run: Path, out: Path) -> None:
     torch.manual_seed(40 + rank)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     counter = {"step": 0}
-    with sk.Checkpointer(run, async_save=True) as ckpt:
+    with sk.Checkpointer(run, blocking=False) as ckpt:
         train(model, opt, 1)
         first = ckpt.save(1, app_state(model, opt, counter, None))
         train(model, opt, 1)
@@ -218,7 +219,7 @@ def async_failure(rank: int, world: int, run: Path, out: Path) -> None:
     model = fsdp_model(world, seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     errors: list[str] = []
-    with sk.Checkpointer(run, async_save=True) as ckpt:
+    with sk.Checkpointer(run, blocking=False) as ckpt:
         train(model, opt, 1)
         ckpt.save(1, app_state(model, opt, {"step": 1}, None))
         ckpt.wait()
@@ -283,7 +284,7 @@ def async_refused(rank: int, world: int, run: Path, out: Path) -> None:
         except Exception as exc:
             seen["at_wait"].append(type(exc).__name__)
 
-    with sk.Checkpointer(run, async_save=True) as ckpt:
+    with sk.Checkpointer(run, blocking=False) as ckpt:
         train(model, opt, 1)
         ckpt.save(1, state).wait()
         flaky.broken = rank == 1
@@ -317,7 +318,7 @@ def async_no_wait(rank: int, world: int, run: Path, out: Path) -> None:
     state = app_state(model, opt, {"step": 0}, None)
     state |= {"recorder": sk.PerRank(recorder), "flaky": sk.PerRank(flaky)}
     errors: list[list[Any]] = []
-    with sk.Checkpointer(run, async_save=True) as ckpt:
+    with sk.Checkpointer(run, blocking=False) as ckpt:
         for step in range(1, 6):
             train(model, opt, 1)
             recorder.step = step
@@ -344,7 +345,7 @@ def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     state = app_state(model, opt, {"step": 0}, None)
     errors: list[str] = []
-    with sk.Checkpointer(run / "a", async_save=True, keep=sk.KeepLatest(1)) as ckpt:
+    with sk.Checkpointer(run / "a", blocking=False, keep=sk.KeepLatest(1)) as ckpt:
         pending = []
         for step in (1, 2):
             train(model, opt, 1)
@@ -445,9 +446,11 @@ def faults(rank: int, world: int, run: Path, out: Path) -> None:
     data["steps_after_attach"] = [i.step for i in sk.list_checkpoints(run)]
     # (b) the ranks' clocks disagree about EverySeconds: rank 0 decides for both
     ticks = iter([0.0, 100.0 if rank == 0 else 10.0, 200.0])
-    with sk.Checkpointer(run, every=sk.EverySeconds(60), clock=lambda: next(ticks)) as ckpt:
+    checkpointer_module._clock, real_clock = lambda: next(ticks), checkpointer_module._clock
+    with sk.Checkpointer(run, every=sk.EverySeconds(60)) as ckpt:
         saved = ckpt.maybe_save(4, app_state(model, opt, {"step": 4}, None))
         data["policy"] = None if saved is None else saved.step
+    checkpointer_module._clock = real_clock
     # (c) a mismatch on rank 1 only: every rank raises, none skips to an older step
     other = fsdp_model(world, seed=0) if rank == 0 else torch.nn.Linear(3, 3)
     with sk.Checkpointer(run) as ckpt:

@@ -32,7 +32,7 @@ def main() -> None:
     step = first
     if asynchronous or keep is not None:  # async: the Checkpointer writes in a thread
         with sk.Checkpointer(
-            directory, async_save=asynchronous, shard_bytes=100_000, keep=keep
+            directory, blocking=not asynchronous, shard_bytes=100_000, keep=keep
         ) as ckpt:
             while True:
                 ckpt.save(step, state_for(step))

@@ -19,7 +19,7 @@ def test_identical_checkpoints_are_equal(tmp_path: Path) -> None:
     sk.save(tmp_path / "a", state, step=1)
     sk.save(tmp_path / "b", state, step=1)
     result = sk.diff(tmp_path / "a", tmp_path / "b")
-    assert result.equal and isinstance(result, sk.DiffResult)
+    assert result.equal and isinstance(result, sk.DiffReport)
     assert not (result.only_a or result.only_b or result.changed or result.different)
     assert "model.fc.weight" in result.equal_tensors
     assert result.equal_values > 0

@@ -13,7 +13,7 @@ from tests.interop import formats
 import statekeeper as sk
 from statekeeper.errors import InvalidArgumentError, UnsafePickleError
 from statekeeper.interop import inspection
-from statekeeper.interop.describe import Description
+from statekeeper.interop.foreign_report import ForeignReport
 from statekeeper.interop.inspection import inspect
 from statekeeper.interop.verification import verify, verify_targets
 
@@ -22,11 +22,11 @@ def test_inspect_of_a_torch_file_is_a_foreign_report_with_ties_and_values(tmp_pa
     model = formats.TiedLM()
     path = formats.torch_file(tmp_path / "lm.pt", {"model": model.state_dict(), "epoch": 5})
     report = inspect(path)
-    assert isinstance(report, Description) and inspection.ForeignReport is Description
+    assert isinstance(report, ForeignReport) and inspection.ForeignReport is ForeignReport
     assert (report.path, report.format) == (str(path), "torch")
     tensors = {t.key: t for t in report.tensors}
     embed, head = tensors["model.embed.weight"], tensors["model.lm_head.weight"]
-    assert (embed.shape, embed.dtype, embed.alias_of) == ([7, 4], "float32", None)
+    assert (embed.shape, embed.dtype, embed.alias_of) == ((7, 4), "float32", None)
     assert (head.bytes, head.alias_of) == (0, "model.embed.weight")
     assert [(v.key, v.type, v.value) for v in report.values] == [("epoch", "int", "5")]
     assert [(f.name, f.bytes) for f in report.files] == [("lm.pt", path.stat().st_size)]
@@ -37,11 +37,11 @@ def test_inspect_of_a_torch_file_is_a_foreign_report_with_ties_and_values(tmp_pa
 def test_inspect_of_safetensors_and_foreign_folders(tmp_path: Path) -> None:
     weights = formats.weights()
     single = inspect(formats.safetensors_file(tmp_path / "w.safetensors", weights))
-    assert isinstance(single, Description) and single.format == "safetensors"
+    assert isinstance(single, ForeignReport) and single.format == "safetensors"
     assert {t.key for t in single.tensors} == set(weights)
     assert single.tensor_bytes == sum(t.numel() * t.element_size() for t in weights.values())
     hf = inspect(formats.hf_folder(tmp_path / "hf", weights))
-    assert isinstance(hf, Description) and hf.format == "huggingface"
+    assert isinstance(hf, ForeignReport) and hf.format == "huggingface"
     assert [f.role for f in hf.files] == ["index", "weights", "weights"]
 
 
@@ -70,6 +70,6 @@ def test_verify_refuses_foreign_checkpoints_by_name(tmp_path: Path) -> None:
 
 def test_converted_foreign_checkpoint_verifies(tmp_path: Path) -> None:
     path = formats.safetensors_file(tmp_path / "w.safetensors", formats.weights())
-    sk.convert(path, tmp_path / "run", step=3)
+    sk.convert(path, tmp_path / "run", out_step=3)
     report = verify(tmp_path / "run")
     assert report.ok and [s.step for s in report.steps] == [3]

@@ -484,9 +484,9 @@ def commands(target: Path, good: Path, out: Path) -> list[list[str]]:
         ["inspect", str(target)],
         ["diff", str(target), str(good)],
         ["diff", str(good), str(target)],
-        ["convert", str(target), str(out / "run")],
-        ["convert", str(target), str(out / "x.safetensors")],
-        ["export", str(target), str(out / "y.safetensors")],
+        ["convert", str(target), "-o", str(out / "run")],
+        ["convert", str(target), "-o", str(out / "x.safetensors")],
+        ["export", str(target), "-o", str(out / "y.safetensors")],
         ["verify", str(target)],
     ]
 

@@ -68,7 +68,7 @@ def test_dataloader_workers_forked_during_a_background_save_hold_nothing(tmp_pat
     data = torch.utils.data.TensorDataset(torch.arange(64, dtype=torch.float32))
     loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
     state = {"w": torch.randn(512, 512)}
-    ckpt = sk.Checkpointer(tmp_path, async_save=True)
+    ckpt = sk.Checkpointer(tmp_path, blocking=False)
     pending = ckpt.save(1, state)
     batches = iter(loader)  # the workers fork now, while the save holds the lock
     next(batches)
@@ -78,7 +78,7 @@ def test_dataloader_workers_forked_during_a_background_save_hold_nothing(tmp_pat
         assert all(w.is_alive() for w in batches._workers)  # type: ignore[attr-defined]
         done = _other_process_takes_the_lock(tmp_path)
         assert done.returncode == 0, done.stderr
-        with sk.Checkpointer(tmp_path, async_save=True) as again:
+        with sk.Checkpointer(tmp_path, blocking=False) as again:
             again.save(2, state).wait()
         sk.save(tmp_path, state, step=3, blocking=False).wait()
         assert sum(1 for _ in batches) == 15  # the workers still serve the epoch

@@ -20,12 +20,11 @@ from collections.abc import Sequence
 
 import torch
 
-from statekeeper.arguments import require_bool, require_callable
+from statekeeper.arguments import require_bool, require_callable, require_step
 from statekeeper.averaging.plan import Input, mismatches, plan_inputs
 from statekeeper.averaging.shards import Shards, file_of
 from statekeeper.checkpoint.incremental import Incremental
 from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import validate_step
 from statekeeper.checkpoint.reader import alias_tensor
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, OutputExistsError
@@ -96,7 +95,7 @@ def average_checkpoints(
     *,
     weights: Sequence[float] | None = None,
     key: str | None = None,
-    step: int | None = None,
+    out_step: int | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> CheckpointInfo:
@@ -107,7 +106,7 @@ def average_checkpoints(
     only that top-level entry (e.g. ``"model"``), and the output holds just it. Floating
     tensors are averaged in float64 and written in their own dtype; integer and bool tensors
     and all other values come from the newest input (highest step; ties: the last path).
-    Tied and viewed tensors stay tied in the output. The output step is ``step`` (default:
+    Tied and viewed tensors stay tied in the output. The output step is ``out_step`` (default:
     the newest input's). ``progress(done, total)`` is called with counts of stored tensors.
 
     Args:
@@ -145,13 +144,13 @@ def average_checkpoints(
             os.fspath(out),
         )
     raw = [1.0] * len(paths) if weights is None else _raw_weights(weights, len(paths))
-    if step is not None:
-        validate_step(step)
+    if out_step is not None:
+        require_step(out_step, "out_step")
     state, chosen = _averaged_state(paths, raw, key, progress)
     # the inputs' manifests are released: the save's peak memory is the result's alone
     # a new set of tensors: nothing of an earlier step to reuse, no marks worth keeping
     return save(
-        out, state, step=chosen if step is None else step, overwrite=overwrite,
+        out, state, step=chosen if out_step is None else out_step, overwrite=overwrite,
         incremental=Incremental.WRITE_ALL,
     )  # fmt: skip
 

@@ -97,7 +97,7 @@ class Restoring(_ParameterNames):
 
     state: Mapping[str, Any]
     strict: Strict = Strict.EXACT
-    change: OptimizerChange = OptimizerChange.REFUSE
+    on_optimizer_change: OptimizerChange = OptimizerChange.REFUSE
     direct: set[str] = field(default_factory=set)
     values: dict[str, Any] = field(default_factory=dict)
     replaced: list[str] = field(default_factory=list)
@@ -173,7 +173,7 @@ def _capture_optimizer(name: str, obj: Any, ctx: Capturing) -> Any:
 
 
 def _check_optimizer(name: str, obj: Any, saved: Any, ctx: Restoring) -> tuple[Any, list[str]]:
-    return to_positional(name, saved, obj, ctx.parameter_names(), ctx.change)
+    return to_positional(name, saved, obj, ctx.parameter_names(), ctx.on_optimizer_change)
 
 
 def _capture_stateful(name: str, obj: Any, ctx: Capturing) -> Any:

@@ -14,13 +14,13 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from statekeeper.arguments import require_bool
+from statekeeper.arguments import require_bool, require_step
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.damage import DamagedSteps
 from statekeeper.checkpoint.held import Held
 from statekeeper.checkpoint.incremental import Incremental
-from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.listing import warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.location import PathOrStorage, resolve_storage
@@ -43,6 +43,9 @@ __all__ = ["RNG_ENTRY", "Checkpointer"]
 
 RNG_ENTRY = "rng"
 
+_clock: Callable[[], float] = time.monotonic
+"""What ``EverySeconds`` is measured with (read at each use: the tests' seam for time)."""
+
 
 class Checkpointer:
     """Save and resume a training run in ``directory``.
@@ -55,7 +58,7 @@ class Checkpointer:
     ``every`` decides when :meth:`maybe_save` saves; ``keep`` which committed steps survive
     (None keeps all); ``generators`` are ``torch.Generator`` / ``numpy.random.Generator``
     objects the run draws from besides the global ones, saved and restored by name.
-    With ``async_save=True``, ``save`` / ``maybe_save`` return once the tensors are copied to
+    With ``blocking=False``, ``save`` / ``maybe_save`` return once the tensors are copied to
     reusable host buffers and a background thread writes, commits and applies retention; a
     failure is raised by the next save, by :meth:`wait` and by :meth:`close`.
 
@@ -75,8 +78,7 @@ class Checkpointer:
             every call.
         generators: Extra ``torch.Generator`` / ``numpy.random.Generator`` objects, by name.
         shard_bytes: The size at which tensor data starts a new file (single-process saves).
-        clock: The time source :class:`EverySeconds` reads (tests pass a fake one).
-        async_save: Save in the background, reusing host buffers from save to save.
+        blocking: ``False`` saves in the background, reusing host buffers from save to save.
         scope: :class:`Scope`: ``AUTO`` makes saves and loads collective in a job.
         incremental: :class:`Incremental`, as for :func:`save`.
         mirror: A :class:`Mirror`: a second tier every committed step is uploaded to.
@@ -97,14 +99,13 @@ class Checkpointer:
         every: SavePolicy | None = None,
         generators: Mapping[str, Generator] | None = None,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
-        clock: Callable[[], float] = time.monotonic,
-        async_save: bool = False,
+        blocking: bool = True,
         scope: Scope = Scope.AUTO,
         incremental: Incremental = Incremental.REUSE,
         mirror: Mirror | None = None,
         origin: Origin | None = None,
     ) -> None:
-        check_checkpointer_options(keep, every, mirror, async_save, clock)
+        check_checkpointer_options(keep, every, mirror, blocking)
         self.storage = resolve_storage(directory)
         self._scope = scope
         self._distributed = is_distributed(scope)
@@ -119,9 +120,9 @@ class Checkpointer:
         self._options = SaveOptions(
             shard_bytes=shard_bytes, incremental=incremental, origin=origin, retention=keep
         )
-        self._clock = clock
         self._resumed_from: int | None = None
-        self._last_save = clock()
+        self._last_restore: RestoreInfo | None = None
+        self._last_save = _clock()
         self._closed = False
         self.preempted = False
         # the lock first, the uploader and the signal handlers under it (checkpoint/held.py)
@@ -132,7 +133,7 @@ class Checkpointer:
             signals=signals_of(every),
             writer=(  # owned: its host buffers are reused from one save to the next
                 (collective().async_writer(Staging.REUSE) if self._distributed else AsyncWriter())
-                if async_save
+                if not blocking
                 else None
             ),
         )
@@ -184,18 +185,61 @@ class Checkpointer:
             leader=self._leader,
             strict=strict,
             scope=self._scope,
-            change=on_optimizer_change,
+            on_optimizer_change=on_optimizer_change,
         )
         if self._leader:
             self._damaged.found(None if info is None else info.step)
+        self._restored(state, info)
+        if info is not None:
+            return info.step
+        warn_if_foreign(self.storage)
+        return None
+
+    def load(
+        self,
+        state: Mapping[str, Any],
+        step: int | None = None,
+        *,
+        strict: Strict = Strict.EXACT,
+        on_optimizer_change: OptimizerChange = OptimizerChange.REFUSE,
+    ) -> RestoreInfo:
+        """Load ``step`` (None: the newest committed step) into ``state``, RNG included;
+        its ``RestoreInfo``, kept as :attr:`last_restore`.
+
+        As :func:`statekeeper.load`, nothing is skipped: a damaged step raises
+        ``CorruptCheckpointError`` and a missing one ``StepNotFoundError``. With a mirror
+        the step is loaded from the local tier when it holds it, else from the mirror. The
+        step loaded is then kept by retention, as the step :meth:`restore_latest` resumed
+        from is.
+        """
+        self._check_open()
+        check_assignable(state)
+        if step is not None:
+            require_step(step)
+        self._wait_writer()
+        info = self._tiers.load(
+            self._with_rng(state),
+            step,
+            strict=strict,
+            scope=self._scope,
+            on_optimizer_change=on_optimizer_change,
+        )
+        self._restored(state, info)
+        return info
+
+    @property
+    def last_restore(self) -> RestoreInfo | None:
+        """The ``RestoreInfo`` of the last :meth:`restore_latest` or :meth:`load` (None
+        before either, and after a ``restore_latest`` that found no step)."""
+        return self._last_restore
+
+    def _restored(self, state: Mapping[str, Any], info: RestoreInfo | None) -> None:
+        self._last_restore = info
         if info is not None:
             if isinstance(state, MutableMapping):  # plain values, as load assigns them
                 state.update(info.values)
             self._resumed_from = info.step
-            self._last_save = self._clock()
-            return info.step
-        warn_if_foreign(self.storage)
-        return None
+            self._last_save = _clock()
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
@@ -209,11 +253,11 @@ class Checkpointer:
 
         Returns:
             The committed step's :class:`CheckpointInfo` (a ``PendingSave`` with
-            ``async_save=True``), or ``None`` when the policy did not save.
+            ``blocking=False``), or ``None`` when the policy did not save.
 
         Raises:
             UnsupportedValueError: A value would need pickle.
-            StorageError: The storage failed; with ``async_save=True`` also the previous
+            StorageError: The storage failed; with ``blocking=False`` also the previous
                 background save's error.
             StatekeeperError: The Checkpointer is closed.
         """
@@ -226,7 +270,7 @@ class Checkpointer:
             self._watch.warn_if_replaced()
         signalled = self._watch is not None and self._watch.fired
         saved = self._damaged.saved(step)
-        due = self.every.should_save(step, self._clock() - self._last_save) and not saved
+        due = self.every.should_save(step, _clock() - self._last_save) and not saved
         if self._distributed:  # one collective: rank 0's clock and listing, any rank's signal
             due, signalled, saved = collective().decide(step, due, signalled, saved)
         if signalled:
@@ -266,12 +310,12 @@ class Checkpointer:
 
         Returns:
             The committed step's :class:`CheckpointInfo` (a ``PendingSave`` with
-            ``async_save=True``).
+            ``blocking=False``).
 
         Raises:
             StepExistsError: The step is committed and ``overwrite`` is False.
             UnsupportedValueError: A value would need pickle.
-            StorageError: The storage failed; with ``async_save=True`` also the previous
+            StorageError: The storage failed; with ``blocking=False`` also the previous
                 background save's error.
             StatekeeperError: The Checkpointer is closed.
         """
@@ -305,11 +349,11 @@ class Checkpointer:
             writer=writer,
         )
         if writer is not None:  # a blocking save set the clock when it committed
-            self._last_save = self._clock()
+            self._last_save = _clock()
         return result
 
     def _committed(self, info: CheckpointInfo) -> None:
-        self._last_save = self._clock()  # the step is saved, whatever retention does next
+        self._last_save = _clock()  # the step is saved, whatever retention does next
         self._retention(info)
 
     def _retention(self, info: CheckpointInfo) -> None:

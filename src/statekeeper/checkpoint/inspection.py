@@ -1,5 +1,5 @@
 """What a statekeeper step holds, read from its verified manifest alone (no tensor data, no
-torch): :func:`inspect_step` and its report, :class:`StepReport`.
+torch): :func:`inspect_step` and its report, :class:`InspectReport`.
 
 ``statekeeper inspect`` renders this report; :func:`statekeeper.interop.inspection.inspect`
 adds foreign checkpoint files and folders.
@@ -25,7 +25,7 @@ from statekeeper.storage.urls import is_url
 __all__ = [
     "EntryReport",
     "ReportTotals",
-    "StepReport",
+    "InspectReport",
     "UNREFERENCED",
     "TensorRow",
     "ValueRow",
@@ -92,7 +92,7 @@ class ReportTotals:
 
 
 @dataclass(frozen=True)
-class StepReport:
+class InspectReport:
     """What one committed step holds: :func:`inspect_step` returns it.
 
     Attributes:
@@ -178,7 +178,7 @@ def _check_claims(where: str, manifest: Manifest, rows: list[TensorRow]) -> None
             )
 
 
-def inspect_location(location: Location) -> StepReport:
+def inspect_location(location: Location) -> InspectReport:
     """The report of one committed step, from its manifest (read and self-verified here).
 
     Raises ``CorruptCheckpointError`` for a missing or damaged manifest, or one whose records
@@ -231,7 +231,7 @@ def inspect_location(location: Location) -> StepReport:
         file_bytes=manifest_size + sum(f.size for f in manifest.files.values()),
         written_bytes=manifest_size + manifest.written_bytes(),
     )
-    return StepReport(
+    return InspectReport(
         path=location.path(),
         step=manifest.step,
         created=manifest.created,
@@ -245,13 +245,13 @@ def inspect_location(location: Location) -> StepReport:
     )
 
 
-def inspect_step(target: PathOrStorage, step: int | None = None) -> StepReport:
+def inspect_step(path: PathOrStorage, step: int | None = None) -> InspectReport:
     """What a committed statekeeper step holds: entries, tensors (name, shape, dtype, bytes,
     file, aliases), plain values (summarized when long), metrics and totals. Only the manifest
     is read (and verified); :func:`statekeeper.checkpoint.verification.verify_steps` checks
     the tensor data too. Needs no torch.
 
-    ``target`` is a run directory (its newest step, or ``step``), a step directory, a URL
+    ``path`` is a run directory (its newest step, or ``step``), a step directory, a URL
     (``s3://bucket/run``, ``memory://run/step_000000100``) or a ``Storage``.
 
     Raises ``StepNotFoundError`` when the path is not a directory or holds no such committed
@@ -262,9 +262,9 @@ def inspect_step(target: PathOrStorage, step: int | None = None) -> StepReport:
     >>> report.totals.tensor_bytes, [entry.name for entry in report.entries]  # doctest: +SKIP
     (4416, ['model', 'optimizer', 'epoch'])
     """
-    local = not (isinstance(target, str) and is_url(target))
-    if local and isinstance(target, str | os.PathLike) and not Path(target).is_dir():
+    local = not (isinstance(path, str) and is_url(path))
+    if local and isinstance(path, str | os.PathLike) and not Path(path).is_dir():
         raise StepNotFoundError(
-            f"{os.fspath(target)} is not a directory; pass a run directory or a step directory"
+            f"{os.fspath(path)} is not a directory; pass a run directory or a step directory"
         )
-    return inspect_location(locate(target, step))
+    return inspect_location(locate(path, step))

@@ -77,7 +77,7 @@ def restore_order(state: Mapping[str, Any]) -> list[str]:
 
 
 def load(
-    directory: PathOrStorage,
+    path: PathOrStorage,
     state: Mapping[str, Any],
     *,
     step: int | None = None,
@@ -132,10 +132,10 @@ def load(
     options = RestoreOptions(strict, on_optimizer_change, progress)
     check_assignable(state)
     if is_distributed(scope, state):
-        info = collective().load(resolve_storage(directory), state, step=step, options=options)
+        info = collective().load(resolve_storage(path), state, step=step, options=options)
     else:
         with collector_paused():
-            info = _load_local(locate(directory, step), state, options)
+            info = _load_local(locate(path, step), state, options)
     if isinstance(state, MutableMapping):  # plain values go back into the caller's mapping
         state.update(info.values)
     return info
@@ -192,7 +192,7 @@ def _load_local(
 def _load_once(
     location: Location, state: Mapping[str, Any], options: RestoreOptions
 ) -> RestoreInfo:
-    ctx = Restoring(state, options.strict, options.change)
+    ctx = Restoring(state, options.strict, options.on_optimizer_change)
     with PendingStep(location) as pending:
         try:  # checks and copy plans only inspect the state: they overlap the checksums
             prepared, problems = _plan(dict(pending.state), ctx)
@@ -219,14 +219,14 @@ def _load_once(
 
 
 def read_statekeeper(
-    directory: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
+    path: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
 ) -> dict[str, Any]:
     """The plain nested state of a statekeeper step (tensors on CPU), no live objects needed.
 
-    ``directory`` is a run directory (the newest step, or ``step``) or a step directory.
+    ``path`` is a run directory (the newest step, or ``step``) or a step directory.
     Tensors that shared memory when saved share it again. :func:`statekeeper.read` (in
     :mod:`statekeeper.interop.reading`) also reads other formats.
     """
     require_callable("progress", progress, "progress(done, total)")
     with collector_paused():
-        return read_step(locate(directory, step), progress).state
+        return read_step(locate(path, step), progress).state

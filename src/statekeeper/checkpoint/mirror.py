@@ -57,7 +57,7 @@ class Mirror:
         InvalidArgumentError: An option of the wrong kind or value.
     """
 
-    target: PathOrStorage
+    directory: PathOrStorage
     keep: Retention | None = None
     concurrency: int = 4
     retries: int = 3
@@ -68,7 +68,7 @@ class Mirror:
     def __post_init__(self) -> None:
         """Every field is checked here, naming it: a wrong type is
         ``InvalidArgumentTypeError``, a value out of range ``InvalidArgumentError``."""
-        require_path("Mirror target", self.target, (Storage,))
+        require_path("Mirror directory", self.directory, (Storage,))
         if self.keep is not None:
             require_instance(
                 "Mirror keep", self.keep, Retention, "a retention policy such as KeepEvery(10)"

@@ -109,11 +109,11 @@ class SaveOptions:
 @dataclass(frozen=True)
 class RestoreOptions:
     """How a step is loaded: which key mismatches are tolerated (``strict``), what an
-    optimizer of another class means (``change``), and ``progress(done, total)`` of the
-    verified bytes."""
+    optimizer of another class means (``on_optimizer_change``), and ``progress(done,
+    total)`` of the verified bytes."""
 
     strict: Strict = Strict.EXACT
-    change: OptimizerChange = OptimizerChange.REFUSE
+    on_optimizer_change: OptimizerChange = OptimizerChange.REFUSE
     progress: Progress | None = None
 
     def __post_init__(self) -> None:
@@ -121,9 +121,10 @@ class RestoreOptions:
             raise InvalidArgumentTypeError(
                 f"strict must be a statekeeper.Strict, got {self.strict!r}"
             )
-        if not isinstance(self.change, OptimizerChange):
+        if not isinstance(self.on_optimizer_change, OptimizerChange):
             raise InvalidArgumentTypeError(
-                f"on_optimizer_change must be a statekeeper.OptimizerChange, got {self.change!r}"
+                "on_optimizer_change must be a statekeeper.OptimizerChange, got "
+                f"{self.on_optimizer_change!r}"
             )
         require_callable("progress", self.progress, "progress(done, total)")
 
@@ -136,12 +137,11 @@ _CHECKPOINTER_OPTIONS = (  # Checkpointer(name=...): what it takes, named as the
 
 
 def check_checkpointer_options(
-    keep: object, every: object, mirror: object, async_save: object, clock: object
+    keep: object, every: object, mirror: object, blocking: object
 ) -> None:
     """``InvalidArgumentTypeError`` naming the ``Checkpointer`` argument of the wrong type
     and what it takes."""
     for (name, kind, what), value in zip(_CHECKPOINTER_OPTIONS, (keep, every, mirror), strict=True):
         if value is not None:
             require_instance(name, value, kind, what)
-    require_bool("async_save", async_save)
-    require_callable("clock", clock, "clock() -> seconds, such as time.monotonic", optional=False)
+    require_bool("blocking", blocking)

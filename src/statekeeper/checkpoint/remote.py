@@ -81,10 +81,10 @@ class Retrying:
 
 
 def mirror_storage(local: Storage, mirror: Mirror) -> Storage:
-    """The storage of ``mirror.target``: refused where it is ``local`` itself (however
+    """The storage of ``mirror.directory``: refused where it is ``local`` itself (however
     spelled); an fsspec store through a client whose requests are bounded by
     ``Mirror.timeout`` (:meth:`FsspecStorage.with_timeout`: S3)."""
-    remote = resolve_storage(mirror.target)
+    remote = resolve_storage(mirror.directory)
     if same_place(remote, local):
         raise InvalidArgumentError(
             f"the mirror {remote.describe()} is the run directory {local.describe()} "

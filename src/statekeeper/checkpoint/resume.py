@@ -52,7 +52,7 @@ def newest_intact(
     *,
     strict: Strict,
     scope: Scope,
-    change: OptimizerChange,
+    on_optimizer_change: OptimizerChange,
 ) -> RestoreInfo | None:
     """Load into ``state`` the newest step that loads intact from any of ``tiers`` (every
     byte verified before a live tensor changes); a damaged or vanished step is skipped with
@@ -60,7 +60,12 @@ def newest_intact(
     for step, tier in _candidates(tiers):
         try:
             return load(
-                tier, state, step=step, strict=strict, scope=scope, on_optimizer_change=change
+                tier,
+                state,
+                step=step,
+                strict=strict,
+                scope=scope,
+                on_optimizer_change=on_optimizer_change,
             )
         except (CheckpointUnreadableError, StepNotFoundError, StorageError, RankFailure) as exc:
             # unreadable, deleted while read, or (a mirror) unreachable: skipped, on every

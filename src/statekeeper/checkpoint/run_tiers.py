@@ -13,7 +13,7 @@ from typing import Any
 
 from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.listing import clean_up
-from statekeeper.checkpoint.load import Strict
+from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, require_single_process
 from statekeeper.checkpoint.resume import newest_intact
 from statekeeper.checkpoint.scope import Scope, is_distributed
@@ -46,15 +46,26 @@ class RunTiers:
         leader: bool,
         strict: Strict,
         scope: Scope,
-        change: OptimizerChange,
+        on_optimizer_change: OptimizerChange,
     ) -> RestoreInfo | None:
         """The newest intact step of the tiers, loaded into ``state``; the leader first
         removes interrupted saves and puts back a committed copy an overwrite set aside."""
         if leader:
             clean_up(self.storage)
+        options: dict[str, Any] = {
+            "strict": strict, "scope": scope, "on_optimizer_change": on_optimizer_change
+        }  # fmt: skip
         if self.uploader is None:
-            return newest_intact([self.storage], state, strict=strict, scope=scope, change=change)
-        return self.uploader.restore(state, strict=strict, scope=scope, change=change)
+            return newest_intact([self.storage], state, **options)
+        return self.uploader.restore(state, **options)
+
+    def load(self, state: Mapping[str, Any], step: int | None, **options: Any) -> RestoreInfo:
+        """``step`` (None: the newest committed one) loaded into ``state``: from the run
+        directory, or, with a mirror, from the tier that holds it (the local one first).
+        Nothing is skipped: a damaged step raises, as :func:`statekeeper.load` does."""
+        if self.uploader is None:
+            return load(self.storage, state, step=step, **options)
+        return self.uploader.load(state, step, **options)
 
     def before_save(self) -> None:
         """Warn about uploads that failed since the last save."""

@@ -239,7 +239,7 @@ def save(
     ``WriterConflictError`` (wait for it first; an fsspec URL's lock excludes nothing, and
     one ``Storage`` object passed again re-enters its own: there, waiting is the caller's
     job). The host copy is freed once the step is written; to save the same
-    state again and again, ``Checkpointer(..., async_save=True)`` keeps and reuses it. In a
+    state again and again, ``Checkpointer(..., blocking=False)`` keeps and reuses it. In a
     job, every rank stages its own state and writes in the background (docs/distributed.md,
     "Background saves in a job").
 

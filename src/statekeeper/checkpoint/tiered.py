@@ -44,7 +44,7 @@ from statekeeper.errors import (
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.storage.base import Storage
 
-__all__ = ["newest_of_tiers"]
+__all__ = ["load_of_tiers", "newest_of_tiers"]
 
 
 def _warn(message: str) -> None:
@@ -124,7 +124,7 @@ def newest_of_tiers(
     *,
     strict: Strict,
     scope: Scope,
-    change: OptimizerChange,
+    on_optimizer_change: OptimizerChange,
 ) -> RestoreInfo | None:
     """Load into ``state`` the newest step intact on ``local`` or ``remote`` (see the module
     docstring); None when neither tier holds one."""
@@ -134,7 +134,7 @@ def newest_of_tiers(
         [(s, 0) for s in local_steps] + [(s, 1) for s in remote_found],
         key=lambda c: (-c[0], c[1]),
     )
-    options: dict[str, Any] = {"strict": strict, "on_optimizer_change": change}
+    options: dict[str, Any] = {"strict": strict, "on_optimizer_change": on_optimizer_change}
     for step, tier in tried:
         if tier == 1:
             info = _download(remote, remote_found[step], mirror, state, **options)
@@ -147,3 +147,34 @@ def newest_of_tiers(
             what = "deleted" if isinstance(exc, StepNotFoundError) else "damaged"
             _warn(f"skipping {what} step {step} of {local.describe()}: {exc}")
     return None
+
+
+def load_of_tiers(
+    local: Storage,
+    remote: Storage,
+    mirror: Mirror,
+    state: Mapping[str, Any],
+    step: int | None,
+    *,
+    strict: Strict,
+    scope: Scope,
+    on_optimizer_change: OptimizerChange,
+) -> RestoreInfo:
+    """Load ``step`` (None: the newest step either tier lists) into ``state``: the local
+    copy when the local tier holds it, else the mirror's. Nothing is skipped: a damaged
+    step raises, and a step neither tier holds is a ``StepNotFoundError``."""
+    local_steps = [p.step for p in committed(local)]
+    remote_found = {c.step: c for c in _mirror_steps(local, local_steps, remote, mirror) or []}
+    wanted = max([*local_steps, *remote_found], default=None) if step is None else step
+    options: dict[str, Any] = {"strict": strict, "on_optimizer_change": on_optimizer_change}
+    if wanted in local_steps:
+        return load(local, state, step=wanted, scope=scope, **options)
+    found = None if wanted is None else remote_found.get(wanted)
+    name = None if found is None else committed_name(remote, found)
+    if found is None or name is None:
+        what = "no committed step" if wanted is None else f"no committed step {wanted}"
+        raise StepNotFoundError(
+            f"{local.describe()} and its mirror {remote.describe()} hold {what}; pass a step "
+            "that statekeeper.list_checkpoints() lists for either of them"
+        )
+    return load_located(Location(remote, name, found.step), state, **options)

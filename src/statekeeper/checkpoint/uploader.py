@@ -31,7 +31,7 @@ from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
 from statekeeper.checkpoint.remote import Retrying, mirror_storage
 from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.scope import Scope
-from statekeeper.checkpoint.tiered import newest_of_tiers
+from statekeeper.checkpoint.tiered import load_of_tiers, newest_of_tiers
 from statekeeper.checkpoint.upload import Transfer, upload_step
 from statekeeper.checkpoint.upload_hooks import track
 from statekeeper.checkpoint.upload_reports import (
@@ -148,7 +148,12 @@ class Uploader:
             )
 
     def restore(
-        self, state: Mapping[str, Any], *, strict: Strict, scope: Scope, change: OptimizerChange
+        self,
+        state: Mapping[str, Any],
+        *,
+        strict: Strict,
+        scope: Scope,
+        on_optimizer_change: OptimizerChange,
     ) -> RestoreInfo | None:
         """The newest step of either tier, loaded into ``state`` (see
         :mod:`statekeeper.checkpoint.tiered`); the steps left in the journal start
@@ -156,8 +161,18 @@ class Uploader:
         try:
             return newest_of_tiers(
                 self.local, self.reader, self.mirror, state, strict=strict, scope=scope,
-                change=change,
+                on_optimizer_change=on_optimizer_change,
             )  # fmt: skip
+        finally:
+            with self._cond:
+                self._start()
+
+    def load(self, state: Mapping[str, Any], step: int | None, **options: Any) -> RestoreInfo:
+        """``step`` (None: the newest) of either tier, loaded into ``state`` (see
+        :func:`~statekeeper.checkpoint.tiered.load_of_tiers`); the steps left in the
+        journal start uploading."""
+        try:
+            return load_of_tiers(self.local, self.reader, self.mirror, state, step, **options)
         finally:
             with self._cond:
                 self._start()

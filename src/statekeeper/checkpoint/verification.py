@@ -31,7 +31,7 @@ from statekeeper.progress import Progress
 from statekeeper.storage.urls import is_url
 
 __all__ = [
-    "StepVerification",
+    "StepVerifyReport",
     "VerifyReport",
     "step_locations",
     "verify_location",
@@ -41,7 +41,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class StepVerification:
+class StepVerifyReport:
     """The outcome of verifying one committed step.
 
     Attributes:
@@ -64,18 +64,18 @@ class VerifyReport:
     """Every verified step, oldest first; ``ok`` when all of them passed.
 
     Attributes:
-        steps: One :class:`StepVerification` per step, oldest first.
+        steps: One :class:`StepVerifyReport` per step, oldest first.
         ok: Whether every step passed.
     """
 
-    steps: tuple[StepVerification, ...]
+    steps: tuple[StepVerifyReport, ...]
     ok: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ok", all(step.ok for step in self.steps))
 
     @property
-    def failed(self) -> tuple[StepVerification, ...]:
+    def failed(self) -> tuple[StepVerifyReport, ...]:
         return tuple(step for step in self.steps if not step.ok)
 
 
@@ -132,7 +132,7 @@ def step_locations(target: PathOrStorage, step: int | None = None) -> list[Locat
     return _storage_steps(target, step)
 
 
-def verify_location(location: Location, progress: Progress | None = None) -> StepVerification:
+def verify_location(location: Location, progress: Progress | None = None) -> StepVerifyReport:
     """Checksums and sizes of every file, then every header and record checked against the
     manifest (:func:`~statekeeper.checkpoint.verify.verify_step`: no tensor is built).
 
@@ -148,8 +148,8 @@ def verify_location(location: Location, progress: Progress | None = None) -> Ste
         size += location.storage.size(location.entry, MANIFEST)
         verify_step(location, progress)  # checksums, then every record
     except (StatekeeperError, OSError) as exc:
-        return StepVerification(step, location.path(), False, str(exc), size)
-    return StepVerification(step, location.path(), True, None, size)
+        return StepVerifyReport(step, location.path(), False, str(exc), size)
+    return StepVerifyReport(step, location.path(), True, None, size)
 
 
 def _data_bytes(location: Location) -> int:
@@ -160,7 +160,7 @@ def _data_bytes(location: Location) -> int:
         return 0
 
 
-def _verify_all(locations: Sequence[Location], progress: Progress) -> list[StepVerification]:
+def _verify_all(locations: Sequence[Location], progress: Progress) -> list[StepVerifyReport]:
     """Each step with ``progress`` counting over all of them (the total never changes)."""
     sizes = [_data_bytes(location) for location in locations]
     total, base = sum(sizes), 0
@@ -183,7 +183,7 @@ def verify_steps(
 
     Each step's manifest (its self-checksum), every file's size and checksum, every
     safetensors header and every tensor record are checked, without building a tensor (no
-    torch). A damaged step does not raise: its :class:`StepVerification` has ``ok`` False
+    torch). A damaged step does not raise: its :class:`StepVerifyReport` has ``ok`` False
     and ``error`` naming the file and the fix. ``progress(done, total)`` counts bytes over all
     the steps verified.
 

@@ -16,6 +16,7 @@ from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.save import save
 from statekeeper.cli import render
 from statekeeper.cli.command import command, respond
+from statekeeper.cli.options import out_option, out_step_option
 from statekeeper.errors import InvalidArgumentError, StepExistsError
 from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.reading import read
@@ -29,7 +30,7 @@ def _average_foreign(
     out: str,
     raw: list[float] | None,
     key: str | None,
-    step: int | None,
+    out_step: int | None,
     overwrite: bool,
     progress: Progress,
 ) -> tuple[CheckpointInfo, int]:
@@ -40,7 +41,7 @@ def _average_foreign(
     steps = [locate(c, None).step for c in ckpts if foreign_format(c) is None]
     states = _read_each(ckpts)
     result = average_states(states, weights, key=key, progress=progress)
-    chosen = step if step is not None else max([s for s in steps if s >= 0], default=0)
+    chosen = out_step if out_step is not None else max([s for s in steps if s >= 0], default=0)
     tensors = _distinct_tensors(result)
     info = save(out, result, step=chosen, overwrite=overwrite, incremental=Incremental.WRITE_ALL)
     return info, tensors  # WRITE_ALL: a new set of tensors, as average_checkpoints saves it
@@ -87,21 +88,14 @@ def parse_weights(text: str | None) -> list[float] | None:
 
 @command("average", json="a report")
 @click.argument("ckpts", metavar="CKPT...", nargs=-1, required=True)
-@click.option(
-    "-o",
-    "--out",
-    required=True,
-    help="Run directory (path or URL) to save the average into (as a new step).",
-)
+@out_option("OUT", "Run directory (path or URL) to save the average into (as a new step).")
 @click.option(
     "--weights",
     metavar="W1,W2,...",
     help="One weight per CKPT, comma-separated (normalized to sum 1). Default: uniform.",
 )
 @click.option("--key", help="Average only this top-level entry (e.g. model); save just it.")
-@click.option(
-    "--step", type=click.IntRange(min=0), help="Step of the output (default: the newest input's)."
-)
+@out_step_option("the newest input's")
 @click.option(
     "--overwrite", is_flag=True, help="Replace the output step if OUT already has it committed."
 )
@@ -110,7 +104,7 @@ def average(
     out: str,
     weights: str | None,
     key: str | None,
-    step: int | None,
+    out_step: int | None,
     overwrite: bool,
     as_json: bool,
 ) -> None:
@@ -144,17 +138,17 @@ def average(
             update = bar.phase("averaging tensors" if not foreign else "reading and averaging")
             try:
                 if foreign:  # progress counts inputs read; the summary counts tensors
-                    info, tensors = _average_foreign(ckpts, out, raw, key, step, overwrite,
+                    info, tensors = _average_foreign(ckpts, out, raw, key, out_step, overwrite,
                                                      read_inputs)  # fmt: skip
                 else:
                     info = average_checkpoints(
-                        ckpts, out, weights=raw, key=key, step=step, overwrite=overwrite,
+                        ckpts, out, weights=raw, key=key, out_step=out_step, overwrite=overwrite,
                         progress=count,
                     )  # fmt: skip
             except StepExistsError as exc:  # the library's advice names a Python argument
                 render.fail(
                     f"{exc.path} is already committed; pass --overwrite to replace it, or "
-                    "--step N to save under another step",
+                    "--out-step N to save under another step",
                     1,
                 )
     summary = {

@@ -6,7 +6,7 @@ import click
 
 from statekeeper.cli import render, render_interop
 from statekeeper.cli.command import command, respond
-from statekeeper.cli.options import prefixes, strip_options
+from statekeeper.cli.options import out_option, prefixes, strip_options
 from statekeeper.interop.export import DTYPES, export
 
 __all__ = ["export_command"]
@@ -14,7 +14,7 @@ __all__ = ["export_command"]
 
 @command("export", json="a report")
 @click.argument("ckpt", metavar="CKPT")
-@click.argument("out", metavar="OUT.safetensors")
+@out_option("OUT.safetensors", "The safetensors file to write.")
 @click.option("--key", help="Entry holding the model weights (default: detected).")
 @click.option(
     "--dtype",

@@ -17,8 +17,8 @@ from statekeeper.cli import render
 from statekeeper.interop.detect import Format
 from statekeeper.interop.framework_verify import (
     EntryStatus,
-    EntryVerification,
-    FrameworkVerification,
+    EntryVerifyReport,
+    FrameworkVerifyReport,
     verify_framework,
 )
 from statekeeper.interop.frameworks import FrameworkEntry, FrameworkFolder
@@ -111,7 +111,7 @@ _LABELS = {
 }
 
 
-def _entry_line(result: EntryVerification) -> Text:
+def _entry_line(result: EntryVerifyReport) -> Text:
     label, style = _LABELS[result.status]
     steps = [s.step for s in result.steps if s.step is not None]
     if result.step is None and steps:
@@ -131,7 +131,7 @@ def _entry_line(result: EntryVerification) -> Text:
     return Text(text, style=style)
 
 
-def _summary(report: FrameworkVerification) -> Text:
+def _summary(report: FrameworkVerifyReport) -> Text:
     counts = {s: sum(1 for e in report.entries if e.status is s) for s in EntryStatus}
     parts = [f"{counts[EntryStatus.VERIFIED]} verified"]
     if counts[EntryStatus.READ]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from statekeeper.checkpoint.inspection import StepReport
+from statekeeper.checkpoint.inspection import InspectReport
 from statekeeper.cli import render, render_inspect, render_interop
 from statekeeper.cli.command import command, input_step
 from statekeeper.interop.inspection import inspect as inspect_checkpoint
@@ -28,8 +28,8 @@ def inspect(target: str, step: int | None, as_json: bool) -> None:
     with render.reported_errors():
         report = inspect_checkpoint(target, step=step)
     if as_json:
-        render.emit_json(report)  # a dataclass: emit_json makes it a dict
-    elif isinstance(report, StepReport):
+        render.emit_json(report if isinstance(report, InspectReport) else report.to_json())
+    elif isinstance(report, InspectReport):
         render_inspect.inspection(report)
     else:
         render_interop.foreign_inspection(report)

@@ -9,7 +9,7 @@ import click
 
 from statekeeper.interop.diff import WRAPPER_PREFIXES
 
-__all__ = ["prefixes", "strip_options"]
+__all__ = ["out_option", "out_step_option", "prefixes", "strip_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,6 +29,22 @@ def strip_options(command: F) -> F:
         is_flag=True,
         help="Strip the wrapper prefixes module. and _orig_mod. from every key.",
     )(command)
+
+
+def out_option(metavar: str, what: str) -> Callable[[F], F]:
+    """``-o/--out OUT`` (required): where every command that writes (``average``,
+    ``convert``, ``export``) writes; ``what`` says what OUT is."""
+    return click.option("-o", "--out", "out", metavar=metavar, required=True, help=what)
+
+
+def out_step_option(default: str) -> Callable[[F], F]:
+    """``--out-step N``: the step number written (``--step`` always selects an input step);
+    ``default`` says what it is when not given."""
+    return click.option(
+        "--out-step",
+        type=click.IntRange(min=0),
+        help=f"Step number of the statekeeper step written (default: {default}).",
+    )
 
 
 def prefixes(strip_wrappers: bool, strip: tuple[str, ...]) -> tuple[str, ...]:

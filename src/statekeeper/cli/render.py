@@ -34,7 +34,7 @@ from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFo
 from statekeeper.progress import Progress as ProgressCallback
 
 if TYPE_CHECKING:
-    from statekeeper.checkpoint.verification import StepVerification, VerifyReport
+    from statekeeper.checkpoint.verification import StepVerifyReport, VerifyReport
 
 __all__ = [
     "ByteProgress",
@@ -244,7 +244,7 @@ def averaged(summary: Mapping[str, Any]) -> None:
     stdout_console().print(Text(line, style="bold green"), soft_wrap=True)
 
 
-def verify_step(result: StepVerification) -> None:
+def verify_step(result: StepVerifyReport) -> None:
     label = f"step {result.step if result.step is not None else '?'}"
     if result.ok:
         line = Text(f"OK      {label}  {human_bytes(result.bytes)}  {result.path}", style="green")

@@ -20,7 +20,7 @@ from statekeeper.cli.render import human_bytes, metrics_text, stdout_console
 from statekeeper.cli.render_table import Cell, Col, FastTable
 
 if TYPE_CHECKING:
-    from statekeeper.checkpoint.inspection import EntryReport, StepReport, TensorRow
+    from statekeeper.checkpoint.inspection import EntryReport, InspectReport, TensorRow
 
 __all__ = ["VALUES_SHOWN", "inspection", "shape_text", "tensor_table", "values_table"]
 
@@ -105,7 +105,7 @@ def origin_text(origin: Mapping[str, Any]) -> str:
     return "    ".join(p for p in parts if p)
 
 
-def inspection(report: StepReport) -> None:
+def inspection(report: InspectReport) -> None:
     out = LineWriter(stdout_console())
     out.text(f"step {report.step}  {report.path}", "bold")
     versions = ", ".join(f"{k} {v}" for k, v in sorted(report.library.items()))

@@ -16,10 +16,10 @@ from statekeeper.cli.render import human_bytes, stdout_console
 from statekeeper.cli.render_inspect import shape_text, tensor_table, values_table
 
 if TYPE_CHECKING:  # types only: listing a run must not import the foreign readers (torch)
-    from statekeeper.interop.convert import ConvertResult
-    from statekeeper.interop.describe import Description, FileRow
-    from statekeeper.interop.diff import DiffResult
-    from statekeeper.interop.export import ExportResult
+    from statekeeper.interop.convert import ConvertReport
+    from statekeeper.interop.diff import DiffReport
+    from statekeeper.interop.export import ExportReport
+    from statekeeper.interop.foreign_report import FileRow, ForeignReport
 
 __all__ = ["converted", "diff_report", "exported", "foreign_inspection", "foreign_listing"]
 
@@ -28,7 +28,7 @@ def _num(x: float) -> str:
     return f"{x:.3g}"
 
 
-def diff_report(result: DiffResult, shown: int) -> None:
+def diff_report(result: DiffReport, shown: int) -> None:
     """Keys on one side only, changed kinds/shapes/dtypes/values, then the tensors that
     differ, largest difference first; equal ones are counted."""
     out = stdout_console()
@@ -76,7 +76,7 @@ def diff_report(result: DiffResult, shown: int) -> None:
         out.print(Text(f"different: {counts}", style="bold red"), soft_wrap=True)
 
 
-def converted(result: ConvertResult) -> None:
+def converted(result: ConvertReport) -> None:
     out = stdout_console()
     if result.kind == "statekeeper":
         where = f"step {result.step}  {result.path}"
@@ -105,7 +105,7 @@ def _aliases_and_dropped(out: Console, aliases: dict[str, str], dropped: tuple[s
         )  # fmt: skip
 
 
-def exported(result: ExportResult) -> None:
+def exported(result: ExportReport) -> None:
     out = stdout_console()
     what = f"entry {result.key!r}" if result.key else "the whole state"
     line = (
@@ -135,7 +135,7 @@ def _alias_note(alias_of: str | None) -> Text:
     return Text(f"alias of {alias_of}", style="cyan") if alias_of else Text("")
 
 
-def foreign_inspection(desc: Description) -> None:
+def foreign_inspection(desc: ForeignReport) -> None:
     out = stdout_console()
     out.print(Text(f"{desc.path}  ({desc.format})", style="bold"), soft_wrap=True)
     if desc.tensors:

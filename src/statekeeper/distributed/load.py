@@ -115,7 +115,8 @@ def load_distributed(
             optimizer.state.clear()
         raise
     plan.fill()  # every rank has read and decoded its share: from here live tensors change
-    return _apply_all(plan, parts, saved, mine, rank, Restoring(state, strict, options.change))
+    ctx = Restoring(state, strict, options.on_optimizer_change)
+    return _apply_all(plan, parts, saved, mine, rank, ctx)
 
 
 def _checked(

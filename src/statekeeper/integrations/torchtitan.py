@@ -136,7 +136,7 @@ class StatekeeperCheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         if not config.load_only:
             keep = KeepLatest(config.keep_latest_k) if config.keep_latest_k else None
             self._checkpointer = Checkpointer(
-                self.folder, keep=keep, async_save=config.async_mode is not AsyncMode.DISABLED
+                self.folder, keep=keep, blocking=config.async_mode is AsyncMode.DISABLED
             )
 
     def __del__(self) -> None:

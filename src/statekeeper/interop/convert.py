@@ -20,11 +20,11 @@ from statekeeper.interop.safetensors_write import write_safetensors
 from statekeeper.interop.tree import flat_leaves, select, split_tensors
 from statekeeper.progress import Progress
 
-__all__ = ["ConvertResult", "convert", "entries_for_save", "refuse_same_run"]
+__all__ = ["ConvertReport", "convert", "entries_for_save", "refuse_same_run"]
 
 
 @dataclass(frozen=True)
-class ConvertResult:
+class ConvertReport:
     """What ``convert`` wrote: a step directory or a safetensors file."""
 
     source: str
@@ -40,16 +40,16 @@ class ConvertResult:
     wrapped_as: str | None  # statekeeper: the entry the whole source was put under
 
 
-def refuse_same_run(src: str | Path, dst: str | Path) -> None:
-    """``InvalidArgumentError`` when ``dst`` is the run that ``src`` (a statekeeper run or
+def refuse_same_run(path: str | Path, out: str | Path) -> None:
+    """``InvalidArgumentError`` when ``out`` is the run that ``path`` (a statekeeper run or
     one of its steps) belongs to, under any spelling: converting would add a step to it."""
-    if not isinstance(src, str | Path) or not isinstance(dst, str | Path):
+    if not isinstance(path, str | Path) or not isinstance(out, str | Path):
         return
-    source = Path(src)
+    source = Path(path)
     run = source.parent if is_step_dir(source) else source
-    if os.path.realpath(run) == os.path.realpath(dst):
+    if os.path.realpath(run) == os.path.realpath(out):
         raise InvalidArgumentError(
-            f"{src} and {dst} are the same run: converting it into itself would add a step "
+            f"{path} and {out} are the same run: converting it into itself would add a step "
             "to the run it reads. Pass another destination directory (or a .safetensors file)"
         )
 
@@ -77,24 +77,24 @@ def entries_for_save(
 
 
 def convert(
-    src: str | Path,
-    dst: str | Path,
+    path: str | Path,
+    out: str | Path,
     *,
-    step: int = 0,
+    out_step: int = 0,
     key: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
     write_progress: Progress | None = None,
-) -> ConvertResult:
-    """Convert ``src`` (any format ``statekeeper.read`` reads) into ``dst``.
+) -> ConvertReport:
+    """Convert ``path`` (any format ``statekeeper.read`` reads) into ``out``.
 
-    ``dst`` ending in ``.safetensors`` gets one safetensors file with every tensor, keys
+    ``out`` ending in ``.safetensors`` gets one safetensors file with every tensor, keys
     joined with ``.`` (``key`` selects a sub-tree first); plain values cannot go there and
-    are listed in ``dropped``. Any other ``dst`` is a run directory that gets step ``step``,
+    are listed in ``dropped``. Any other ``out`` is a run directory that gets step ``out_step``,
     written by ``statekeeper.save`` (atomic, checksummed, tensors streamed from the source's
     memory map); ``key`` names the single entry to put the whole source under.
 
-    ``overwrite`` allows replacing what is there: the step ``step`` of the run, or the whole
+    ``overwrite`` allows replacing what is there: the step ``out_step`` of the run, or the whole
     ``.safetensors`` file. Without it, an existing step is a ``StepExistsError`` and an
     existing file an ``OutputExistsError`` (both ``FileExistsError``; the first a kind of
     the second), raised before the source is read.
@@ -112,7 +112,7 @@ def convert(
         write_progress: ``progress(done, total)`` of the writing.
 
     Returns:
-        A ``ConvertResult``: what was written and the plain values ``dropped``.
+        A ``ConvertReport``: what was written and the plain values ``dropped``.
 
     Raises:
         StepExistsError: The step exists and ``overwrite`` is False (raised before the source
@@ -129,32 +129,32 @@ def convert(
     require_bool("overwrite", overwrite)
     require_callable("progress", progress, "progress(done, total)")
     require_callable("write_progress", write_progress, "write_progress(done, total)")
-    to_file = str(dst).endswith(".safetensors")
+    to_file = str(out).endswith(".safetensors")
     if not to_file:
-        refuse_same_run(src, dst)
-    if to_file and not overwrite and Path(dst).exists():
+        refuse_same_run(path, out)
+    if to_file and not overwrite and Path(out).exists():
         raise OutputExistsError(
-            f"{dst}: the file already exists; pass overwrite=True to replace it", str(dst)
+            f"{out}: the file already exists; pass overwrite=True to replace it", str(out)
         )
-    found = foreign_format(src)
+    found = foreign_format(path)
     fmt = found[1].value if found else "statekeeper"
-    state = read(src, progress=progress)
+    state = read(path, progress=progress)
     if to_file:
-        tree = select(state, key, str(src)) if key is not None else state
+        tree = select(state, key, str(path)) if key is not None else state
         tensors, others = split_tensors(flat_leaves(tree))
         dropped = list(others)
         stored, aliases = tie_plan(tensors)
         size = write_safetensors(
-            dst, stored, aliases=aliases, metadata={"format": "pt"}, progress=write_progress
+            out, stored, aliases=aliases, metadata={"format": "pt"}, progress=write_progress
         )
-        return ConvertResult(
-            str(src), fmt, str(dst), "safetensors", None, (), len(tensors), size, aliases,
+        return ConvertReport(
+            str(path), fmt, str(out), "safetensors", None, (), len(tensors), size, aliases,
             tuple(dropped), None,
         )  # fmt: skip
     entries, wrapped = entries_for_save(state, key)
-    info = save(dst, entries, step=step, overwrite=overwrite, progress=write_progress)
+    info = save(out, entries, step=out_step, overwrite=overwrite, progress=write_progress)
     count = len([v for v in flat_leaves(entries).values() if isinstance(v, torch.Tensor)])
-    return ConvertResult(
-        str(src), fmt, info.path, "statekeeper", info.step, tuple(entries), count, info.bytes,
+    return ConvertReport(
+        str(path), fmt, info.path, "statekeeper", info.step, tuple(entries), count, info.bytes,
         {}, (), wrapped,
     )  # fmt: skip

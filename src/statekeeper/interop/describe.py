@@ -2,56 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from statekeeper.checkpoint.inspection import TensorRow, ValueRow
 from statekeeper.format.aliases import tie_plan
 from statekeeper.format.dtypes import dtype_name
 from statekeeper.interop.accelerate import accelerate_files
 from statekeeper.interop.detect import Format
 from statekeeper.interop.foreign_files import size_of
+from statekeeper.interop.foreign_report import FileRow, ForeignReport
 from statekeeper.interop.reading import read_foreign
 from statekeeper.interop.safetensors_files import hf_files, weight_map
 from statekeeper.interop.tree import flat_leaves, split_tensors
 
-__all__ = ["Description", "FileRow", "TensorInfo", "ValueInfo", "describe", "list_files"]
+__all__ = ["describe", "list_files"]
 
 SHORT = 60
-
-
-@dataclass(frozen=True)
-class FileRow:
-    name: str
-    bytes: int
-    role: str
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    key: str
-    shape: list[int]
-    dtype: str
-    bytes: int  # 0 for an alias
-    alias_of: str | None
-
-
-@dataclass(frozen=True)
-class ValueInfo:
-    key: str
-    type: str
-    value: str
-
-
-@dataclass(frozen=True)
-class Description:
-    path: str
-    format: str
-    files: list[FileRow]
-    tensors: list[TensorInfo]
-    values: list[ValueInfo]
-    tensor_bytes: int
-    file_bytes: int
 
 
 def _index_files(index: Path) -> list[Path]:
@@ -95,28 +62,29 @@ def list_files(path: str, fmt: Format) -> list[FileRow]:
     ]  # fmt: skip
 
 
-def _summary(value: Any) -> str:
+def _summary(value: Any) -> tuple[str, bool]:
+    """The value's repr when short, else a summary; and whether it is the full repr."""
     text = repr(value)
     if len(text) <= SHORT:
-        return text
+        return text, True
     if isinstance(value, list | tuple):
-        return f"<{type(value).__name__} of {len(value)}>"
-    return text[: SHORT - 3] + "..."
+        return f"<{type(value).__name__} of {len(value)}>", False
+    return text[: SHORT - 3] + "...", False
 
 
-def describe(path: str, fmt: Format) -> Description:
+def describe(path: str, fmt: Format) -> ForeignReport:
     """Files, tensors (name, shape, dtype, bytes, tied aliases) and plain values."""
     state = read_foreign(path, fmt)
     tensors, others = split_tensors(flat_leaves(state))
-    values = [ValueInfo(key, type(v).__name__, _summary(v)) for key, v in others.items()]
+    values = [ValueRow(key, key, type(v).__name__, *_summary(v)) for key, v in others.items()]
     _, aliases = tie_plan(tensors)
     rows = [
-        TensorInfo(key, list(t.shape), dtype_name(t.dtype),
-                   0 if key in aliases else t.numel() * t.element_size(), aliases.get(key))
+        TensorRow(key, key, tuple(t.shape), dtype_name(t.dtype),
+                  0 if key in aliases else t.numel() * t.element_size(), None, aliases.get(key))
         for key, t in tensors.items()
     ]  # fmt: skip
     files = list_files(path, fmt)
-    return Description(
+    return ForeignReport(
         path, str(fmt), files, rows, values,
         sum(r.bytes for r in rows), sum(f.bytes for f in files),
     )  # fmt: skip

@@ -24,7 +24,7 @@ from statekeeper.interop.tree import (
 )
 from statekeeper.progress import Progress
 
-__all__ = ["WRAPPER_PREFIXES", "Change", "DiffResult", "TensorDiff", "compare_states", "diff"]
+__all__ = ["WRAPPER_PREFIXES", "Change", "DiffReport", "TensorDiff", "compare_states", "diff"]
 
 _CHUNK = 1 << 22  # elements compared at a time (bounded float64 temporaries)
 
@@ -57,7 +57,7 @@ class Change:
 
 
 @dataclass(frozen=True)
-class DiffResult:
+class DiffReport:
     """What ``diff`` found; ``equal`` is True when nothing differs.
 
     Attributes:
@@ -170,7 +170,7 @@ def _same_value(x: Any, y: Any) -> bool:
 def compare_states(
     a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0, names: tuple[str, str] = ("A", "B"),
     progress: Progress | None = None,
-) -> DiffResult:  # fmt: skip
+) -> DiffReport:  # fmt: skip
     """Compare two already-read states (nested or flat); see :func:`diff`."""
     if atol < 0 or rtol < 0 or not (math.isfinite(atol) and math.isfinite(rtol)):
         raise InvalidArgumentError(f"atol and rtol must be finite and >= 0, got {atol}, {rtol}")
@@ -213,7 +213,7 @@ def compare_states(
         if progress is not None:
             progress(n + 1, len(common))
     different.sort(key=lambda d: (-_order(d.max_abs), -_order(d.max_rel), d.key))
-    return DiffResult(
+    return DiffReport(
         names[0], names[1], only_a, only_b, tuple(changed), tuple(different),
         tuple(equal_tensors), equal_values, atol, rtol,
     )  # fmt: skip
@@ -233,7 +233,7 @@ def diff(
     strip: Sequence[str] = (),
     tied: TiedKeys = TiedKeys.AUTO,
     progress: Progress | None = None,
-) -> DiffResult:
+) -> DiffReport:
     """Compare two checkpoints of any readable formats (paths, or states already read).
 
     Leaves are matched by their key path joined with ``.`` (``model.fc.weight``). ``key``
@@ -257,7 +257,7 @@ def diff(
         progress: ``progress(done, total)`` over the tensors compared.
 
     Returns:
-        A :class:`DiffResult`: ``equal``, ``only_a``, ``only_b``, ``changed``, ``different``.
+        A :class:`DiffReport`: ``equal``, ``only_a``, ``only_b``, ``changed``, ``different``.
 
     Raises:
         InvalidArgumentError: Negative or non-finite tolerances, a ``tied`` that is no

@@ -27,7 +27,7 @@ from statekeeper.interop.safetensors_write import write_safetensors
 from statekeeper.interop.tree import flat_leaves, select, split_tensors, strip_prefixes
 from statekeeper.progress import Progress
 
-__all__ = ["DTYPES", "ExportResult", "export", "parse_dtype", "weights_of"]
+__all__ = ["DTYPES", "ExportReport", "export", "parse_dtype", "weights_of"]
 
 DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -37,7 +37,7 @@ DTYPES: dict[str, torch.dtype] = {
 
 
 @dataclass(frozen=True)
-class ExportResult:
+class ExportReport:
     """What ``export`` wrote."""
 
     path: str
@@ -97,7 +97,7 @@ def weights_of(state: Mapping[str, Any], key: str | None, where: str) -> tuple[A
 
 
 def export(
-    src: str | Path | Mapping[str, Any],
+    path: str | Path | Mapping[str, Any],
     out: str | Path,
     *,
     key: str | None = None,
@@ -105,8 +105,8 @@ def export(
     strip: Sequence[str] = (),
     overwrite: bool = False,
     progress: Progress | None = None,
-) -> ExportResult:
-    """Write the inference weights of ``src`` (a path in any readable format, or a state
+) -> ExportReport:
+    """Write the inference weights of ``path`` (a path in any readable format, or a state
     already read) to the safetensors file ``out``.
 
     ``key`` picks the module sub-tree (default: see :func:`weights_of`); ``dtype``
@@ -126,7 +126,7 @@ def export(
         progress: ``progress(done, total)`` of the reading.
 
     Returns:
-        An ``ExportResult``: the file written, its tensors and bytes.
+        An ``ExportReport``: the file written, its tensors and bytes.
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False.
@@ -143,8 +143,8 @@ def export(
         raise OutputExistsError(
             f"{out}: the file already exists; pass overwrite=True to replace it", str(out)
         )
-    where = str(src) if isinstance(src, str | Path) else "state"
-    state = read(src) if isinstance(src, str | Path) else dict(src)
+    where = str(path) if isinstance(path, str | Path) else "state"
+    state = read(path) if isinstance(path, str | Path) else dict(path)
     cast = parse_dtype(dtype)
     tree, used = weights_of(state, key, where)
     tensors, others = split_tensors(strip_prefixes(flat_leaves(tree), tuple(strip)))
@@ -156,7 +156,7 @@ def export(
         stored = {n: t.to(cast) if t.is_floating_point() else t for n, t in stored.items()}
     size = write_safetensors(out, stored, aliases=aliases, metadata={"format": "pt"},
                              progress=progress)  # fmt: skip
-    return ExportResult(
+    return ExportReport(
         str(out), used, len(tensors), len(stored), aliases, size,
         None if cast is None else dtype_name(cast), tuple(dropped),
     )  # fmt: skip

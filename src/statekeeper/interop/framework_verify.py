@@ -27,7 +27,7 @@ from pathlib import Path
 from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.checkpoint.verification import (
-    StepVerification,
+    StepVerifyReport,
     step_locations,
     verify_location,
 )
@@ -44,7 +44,7 @@ from statekeeper.interop.frameworks import (
 from statekeeper.progress import Progress
 from statekeeper.storage.files import check_name, open_regular
 
-__all__ = ["EntryStatus", "EntryVerification", "FrameworkVerification", "verify_framework"]
+__all__ = ["EntryStatus", "EntryVerifyReport", "FrameworkVerifyReport", "verify_framework"]
 
 _CHUNK = 16 << 20
 
@@ -59,7 +59,7 @@ class EntryStatus(StrEnum):
 
 
 @dataclass(frozen=True)
-class EntryVerification:
+class EntryVerifyReport:
     """One entry: its status, what is wrong (``error``), and its steps' verifications."""
 
     name: str
@@ -69,17 +69,17 @@ class EntryVerification:
     status: EntryStatus
     error: str | None
     bytes: int
-    steps: tuple[StepVerification, ...] = ()
+    steps: tuple[StepVerifyReport, ...] = ()
     unread: tuple[str, ...] = ()  # files of a foreign folder no reader of statekeeper reads
 
 
 @dataclass(frozen=True)
-class FrameworkVerification:
+class FrameworkVerifyReport:
     """Every entry of a framework folder; ``ok`` when none is damaged."""
 
     path: str
     framework: Framework
-    entries: tuple[EntryVerification, ...]
+    entries: tuple[EntryVerifyReport, ...]
     ok: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -122,11 +122,11 @@ def _trainer_files(location: Location, folder: Path) -> list[str]:
 
 def _statekeeper_entry(
     entry: FrameworkEntry, framework: Framework, step: int | None, progress: Progress | None
-) -> EntryVerification:
+) -> EntryVerifyReport:
     try:
         locations = step_locations(entry.path, step)
     except (StatekeeperError, OSError) as exc:
-        return EntryVerification(
+        return EntryVerifyReport(
             entry.name, entry.path, entry.step, entry.format, EntryStatus.DAMAGED, str(exc),
             entry.bytes,
         )  # fmt: skip
@@ -139,7 +139,7 @@ def _statekeeper_entry(
         problems[-1] += " (resume from another entry, or re-save it)"
     status = EntryStatus.DAMAGED if problems else EntryStatus.VERIFIED
     error = "; ".join(problems) or None
-    return EntryVerification(
+    return EntryVerifyReport(
         entry.name, entry.path, entry.step, entry.format, status, error, entry.bytes, steps
     )
 
@@ -161,7 +161,7 @@ def _unread(entry: FrameworkEntry, fmt: Format) -> tuple[str, ...]:
     return tuple(sorted(name for name in every if name not in read))
 
 
-def _foreign_entry(entry: FrameworkEntry) -> EntryVerification:
+def _foreign_entry(entry: FrameworkEntry) -> EntryVerifyReport:
     from statekeeper.interop.reading import read_foreign  # the foreign readers need torch
 
     status, error = EntryStatus.READ, None
@@ -176,7 +176,7 @@ def _foreign_entry(entry: FrameworkEntry) -> EntryVerification:
             status, error = EntryStatus.REFUSED, str(exc)
         except (StatekeeperError, OSError, ValueError) as exc:
             status, error = EntryStatus.DAMAGED, str(exc)
-    return EntryVerification(
+    return EntryVerifyReport(
         entry.name, entry.path, entry.step, entry.format, status, error, entry.bytes,
         unread=unread,
     )  # fmt: skip
@@ -184,7 +184,7 @@ def _foreign_entry(entry: FrameworkEntry) -> EntryVerification:
 
 def verify_framework(
     folder: FrameworkFolder, *, step: int | None = None, progress: Progress | None = None
-) -> FrameworkVerification:
+) -> FrameworkVerifyReport:
     """Every entry of ``folder`` (only those of ``step`` when given), oldest first; see the
     module docstring for what each status means. Never raises for a damaged entry."""
     results = []
@@ -196,4 +196,4 @@ def verify_framework(
             results.append(_statekeeper_entry(entry, folder.framework, None, progress))
         elif entry.step is None and step in entry_steps(entry):  # a run of many steps
             results.append(_statekeeper_entry(entry, folder.framework, step, progress))
-    return FrameworkVerification(folder.path, folder.framework, tuple(results))
+    return FrameworkVerifyReport(folder.path, folder.framework, tuple(results))

@@ -10,49 +10,31 @@ is imported only then).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, TypeAlias
 
-from statekeeper.checkpoint.inspection import StepReport, inspect_step
+from statekeeper.checkpoint.inspection import InspectReport, inspect_step
 from statekeeper.checkpoint.location import PathOrStorage
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.interop.detect import Format, foreign_format
+from statekeeper.interop.foreign_report import ForeignReport
 from statekeeper.interop.frameworks import framework_entry, framework_folder
-
-if TYPE_CHECKING:
-    from statekeeper.interop.describe import Description
 
 __all__ = ["ForeignReport", "inspect"]
 
 
-def __getattr__(name: str) -> object:
-    """``ForeignReport`` (the foreign report class) is loaded on first use: its module
-    imports torch, which inspecting a statekeeper step never needs."""
-    if name == "ForeignReport":
-        from statekeeper.interop.describe import Description
-
-        return Description
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if TYPE_CHECKING:
-    ForeignReport: TypeAlias = Description
-    """What a foreign checkpoint holds: its files (name, bytes, role), tensors (key, shape,
-    dtype, bytes, alias) and plain values."""
-
-
-def inspect(target: PathOrStorage, *, step: int | None = None) -> StepReport | Description:
+def inspect(path: PathOrStorage, *, step: int | None = None) -> InspectReport | ForeignReport:
     """What a checkpoint holds, without loading it into a model.
 
     For a statekeeper run or step directory (a path, a URL such as
-    ``s3://bucket/run/step_000000100``, or a ``Storage``), a :class:`StepReport` of the step
+    ``s3://bucket/run/step_000000100``, or a ``Storage``), a :class:`InspectReport` of the step
     (the newest one of a run unless ``step`` is given): its entries with their tensors (name,
     shape, dtype, bytes, file, aliases) and plain values, its metrics and totals. Only the
     manifest is read, and verified: use :func:`statekeeper.interop.verification.verify` to
     check the tensor data too. This path never imports torch.
 
     For a foreign checkpoint file or folder (torch.save, safetensors, Hugging Face,
-    Lightning, Accelerate, DCP), a ``ForeignReport``
-    (:class:`statekeeper.interop.describe.Description`): its files, tensors and values.
+    Lightning, Accelerate, DCP), a :class:`ForeignReport`: its files, tensors and values
+    (the same :class:`~statekeeper.checkpoint.inspection.TensorRow` and
+    :class:`~statekeeper.checkpoint.inspection.ValueRow` rows).
     Pickle-based files are opened with ``weights_only`` only.
 
     For a folder of framework checkpoints (a Lightning ``ModelCheckpoint`` directory, a
@@ -63,16 +45,17 @@ def inspect(target: PathOrStorage, *, step: int | None = None) -> StepReport | D
     >>> report = inspect("runs/exp1")  # doctest: +SKIP
     >>> report.step, report.totals.tensors, report.metrics  # doctest: +SKIP
     (200, 12, {'loss': 0.75})
-    >>> inspect("model.safetensors").tensors[0]  # doctest: +SKIP
-    TensorInfo(key='embed.weight', shape=[6, 4], dtype='float32', bytes=96, alias_of=None)
+    >>> row = inspect("model.safetensors").tensors[0]  # doctest: +SKIP
+    >>> row.key, row.shape, row.dtype, row.bytes, row.alias_of  # doctest: +SKIP
+    ('embed.weight', (6, 4), 'float32', 96, None)
 
     Args:
-        target: A statekeeper run or step directory (a path, a URL or a :class:`Storage`),
+        path: A statekeeper run or step directory (a path, a URL or a :class:`Storage`),
             a foreign checkpoint file or folder, or a folder of framework checkpoints.
         step: The step of a run (or of a framework folder) to describe; default the newest.
 
     Returns:
-        A :class:`StepReport` for a statekeeper step, a :class:`ForeignReport` for a foreign
+        A :class:`InspectReport` for a statekeeper step, a :class:`ForeignReport` for a foreign
         checkpoint.
 
     Raises:
@@ -82,18 +65,18 @@ def inspect(target: PathOrStorage, *, step: int | None = None) -> StepReport | D
         UnsupportedFormatError: A manifest this release cannot read.
         UnsafePickleError: A pickle that asks for more than tensors.
     """
-    folder = framework_folder(target) if isinstance(target, str | os.PathLike) else None
+    folder = framework_folder(path) if isinstance(path, str | os.PathLike) else None
     if folder is not None:  # a framework's folder: its newest entry (or the one of ``step``)
         entry, inner = framework_entry(folder, step)
         if entry.format is Format.STATEKEEPER:
             return inspect_step(entry.path, inner)
-        target, step = entry.path, None
-    foreign = foreign_format(target)
+        path, step = entry.path, None
+    foreign = foreign_format(path)
     if foreign is None:
-        return inspect_step(target, step)
-    path, fmt = foreign
+        return inspect_step(path, step)
+    file, fmt = foreign
     if step is not None:
-        raise InvalidArgumentError(f"{path} is a {fmt} checkpoint, which has no steps")
+        raise InvalidArgumentError(f"{file} is a {fmt} checkpoint, which has no steps")
     from statekeeper.interop.describe import describe  # foreign readers need torch
 
-    return describe(path, fmt)
+    return describe(file, fmt)

@@ -57,11 +57,11 @@ def read_foreign(
 
 
 def read(
-    directory: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
+    path: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
 ) -> dict[str, Any]:
     """The plain nested state of a checkpoint (tensors on CPU), no live objects needed.
 
-    ``directory`` is a run directory (the newest step, or ``step``) or a step directory.
+    ``path`` is a run directory (the newest step, or ``step``) or a step directory.
     Tensors that shared memory when saved share it again. A local path in another format
     (``torch.save`` file, safetensors file or folder, Lightning, Accelerate, DCP) is read
     safely by the readers of this package (see docs/interop.md).
@@ -84,7 +84,7 @@ def read(
         InvalidArgumentError: ``step`` for a foreign checkpoint, or a path of no known format.
     """
     require_callable("progress", progress, "progress(done, total)")
-    foreign = foreign_format(directory)
+    foreign = foreign_format(path)
     if foreign is not None:
         return read_foreign(*foreign, step=step, progress=progress)
-    return read_statekeeper(directory, step=step, progress=progress)
+    return read_statekeeper(path, step=step, progress=progress)

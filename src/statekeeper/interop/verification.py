@@ -36,29 +36,29 @@ def _framework_steps(folder: FrameworkFolder, step: int | None) -> list[Location
     return found
 
 
-def verify_targets(target: PathOrStorage, step: int | None = None) -> list[Location]:
+def verify_targets(path: PathOrStorage, step: int | None = None) -> list[Location]:
     """The committed steps :func:`verify` checks
     (:func:`~statekeeper.checkpoint.verification.step_locations`), after refusing a foreign
     checkpoint with ``InvalidArgumentError``."""
-    folder = framework_folder(target) if isinstance(target, str | os.PathLike) else None
+    folder = framework_folder(path) if isinstance(path, str | os.PathLike) else None
     if folder is not None:
         return _framework_steps(folder, step)
-    foreign = foreign_format(target)
+    foreign = foreign_format(path)
     if foreign is not None:
         raise InvalidArgumentError(
             f"{foreign[0]} is a {foreign[1]} checkpoint, not a statekeeper step: it carries no "
             "checksums to verify. Read it with `statekeeper inspect`, or make a checksummed "
             "statekeeper step of it with `statekeeper convert`"
         )
-    return step_locations(target, step)
+    return step_locations(path, step)
 
 
 def verify(
-    target: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
+    path: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
 ) -> VerifyReport:
     """Verify every byte of a statekeeper step, or of every committed step of a run.
 
-    ``target`` is a step or run directory, a URL (``s3://bucket/run``) or a ``Storage``;
+    ``path`` is a step or run directory, a URL (``s3://bucket/run``) or a ``Storage``;
     ``step`` picks one step of a run. A folder of framework checkpoints (Lightning
     ``*.ckpt`` steps, Trainer ``checkpoint-N``, Accelerate ``checkpoints/``) has the
     statekeeper steps of its entries verified. For each step, the manifest's self-checksum, every
@@ -81,7 +81,7 @@ def verify(
         progress: ``progress(done, total)`` with the bytes verified over all the steps.
 
     Returns:
-        A :class:`VerifyReport`: one :class:`StepVerification` per step, ``ok`` and ``failed``.
+        A :class:`VerifyReport`: one :class:`StepVerifyReport` per step, ``ok`` and ``failed``.
         A damaged step does not raise.
 
     Raises:
@@ -91,4 +91,4 @@ def verify(
             committed steps.
     """
     require_callable("progress", progress, "progress(done, total)")  # before any reading
-    return verify_locations(verify_targets(target, step), progress)
+    return verify_locations(verify_targets(path, step), progress)

@@ -156,12 +156,12 @@ def to_positional(
     saved: Mapping[str, Any],
     optimizer: torch.optim.Optimizer,
     names: Mapping[int, str],
-    change: OptimizerChange = OptimizerChange.REFUSE,
+    on_optimizer_change: OptimizerChange = OptimizerChange.REFUSE,
 ) -> tuple[dict[str, Any], list[str]]:
     """The positional state_dict for the live ``optimizer`` and the list of mismatches.
 
     Pure: nothing is loaded. An empty mismatch list means the result is safe to load. The
-    optimizer's class (and its hyper-parameter names) must match unless ``change`` is
+    optimizer's class (and its hyper-parameter names) must match unless ``on_optimizer_change`` is
     ``RESTART``.
     """
     problems: list[str] = []
@@ -176,7 +176,7 @@ def to_positional(
         return {}, problems
     switched = _class_problems(entry, saved, optimizer)
     if switched:
-        if change is OptimizerChange.RESTART:
+        if on_optimizer_change is OptimizerChange.RESTART:
             return _restarted(saved, optimizer), []
         return {}, [f"{switched[0]}; {_SWITCH_FIX}", *switched[1:]]
     shapes = dict(saved["shapes"])

@@ -114,7 +114,7 @@ def average_checkpoints(
         out: The run directory the average is saved into.
         weights: One weight per path (finite, >= 0, not all 0; normalized); default uniform.
         key: Average only this top-level entry; the output holds just it.
-        step: The output's step; default the newest input's.
+        out_step: The output's step; default the newest input's.
         overwrite: Replace the output step if it is committed.
         progress: ``progress(done, total)`` with counts of stored tensors.
 

@@ -105,7 +105,7 @@ def load(
     size; see docs/distributed.md.
 
     Args:
-        directory: A run directory (its newest committed step, or ``step``) or a step
+        path: A run directory (its newest committed step, or ``step``) or a step
             directory: a path, a URL or a :class:`Storage`.
         state: The live objects, by the names they were saved under; plain values are assigned
             back into it.

@@ -45,7 +45,7 @@ class Mirror:
     the uploads (``close_timeout`` seconds; None waits for ever).
 
     Args:
-        target: The second tier: a URL, a path or a :class:`Storage`.
+        directory: The second tier (a run directory): a URL, a path or a :class:`Storage`.
         keep: :class:`Retention` of the mirror; ``None`` keeps all.
         concurrency: Files uploaded at once.
         retries: Retries of a failed request.

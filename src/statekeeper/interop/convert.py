@@ -102,9 +102,9 @@ def convert(
     ``progress(done, total)`` follows the reading, ``write_progress`` the writing.
 
     Args:
-        src: A checkpoint of any format :func:`read` reads.
-        dst: A run directory (gets step ``step``) or a ``.safetensors`` file.
-        step: The step written into a run directory.
+        path: A checkpoint of any format :func:`read` reads.
+        out: A run directory (gets step ``out_step``) or a ``.safetensors`` file.
+        out_step: The step written into a run directory.
         key: For a safetensors output, the sub-tree to write; for a run, the single entry to
             put the whole source under.
         overwrite: Replace the step of the run, or the whole ``.safetensors`` file.
@@ -117,9 +117,9 @@ def convert(
     Raises:
         StepExistsError: The step exists and ``overwrite`` is False (raised before the source
             is read).
-        OutputExistsError: ``dst`` is an existing file and ``overwrite`` is False.
+        OutputExistsError: ``out`` is an existing file and ``overwrite`` is False.
         InvalidArgumentError: An invalid ``key`` or step.
-        StepNotFoundError: ``src`` does not exist.
+        StepNotFoundError: ``path`` does not exist.
         CorruptCheckpointError: A damaged source.
         UnsafePickleError: A pickle-based source asks for more than tensors.
     """

@@ -117,7 +117,7 @@ def export(
     ``out`` is replaced only with ``overwrite=True`` (``OutputExistsError`` otherwise).
 
     Args:
-        src: A checkpoint path of any readable format, or a state already read.
+        path: A checkpoint path of any readable format, or a state already read.
         out: The ``.safetensors`` file to write.
         key: The module sub-tree to export; default: the one that holds the model weights.
         dtype: ``"bf16"``, ``"fp16"``, ``"fp32"`` (or a torch dtype) to cast floating tensors to.
@@ -131,7 +131,7 @@ def export(
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False.
         InvalidArgumentError: An unknown ``dtype``, or a sub-tree without tensors.
-        StepNotFoundError: ``src`` does not exist.
+        StepNotFoundError: ``path`` does not exist.
         CorruptCheckpointError: A damaged source.
         UnsafePickleError: A pickle-based source asks for more than tensors.
     """

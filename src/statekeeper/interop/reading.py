@@ -67,7 +67,7 @@ def read(
     safely by the readers of this package (see docs/interop.md).
 
     Args:
-        directory: A run directory (its newest step, or ``step``) or a step directory (a
+        path: A run directory (its newest step, or ``step``) or a step directory (a
             path, a URL or a :class:`Storage`), or a checkpoint of another format (a local
             path).
         step: The step of a run to read; foreign checkpoints have none.

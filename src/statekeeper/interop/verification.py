@@ -75,7 +75,7 @@ def verify(
     runs/exp1/step_000000200/tensors-00000.safetensors: checksum mismatch ...
 
     Args:
-        target: A step or run directory (a path, a URL or a :class:`Storage`), or a folder
+        path: A step or run directory (a path, a URL or a :class:`Storage`), or a folder
             of framework checkpoints.
         step: One step of a run; default every committed step.
         progress: ``progress(done, total)`` with the bytes verified over all the steps.

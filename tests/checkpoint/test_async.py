@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import assert_state_equal
 from tests.helpers import launcher
 from tests.helpers.saver import state_for
 
 import statekeeper as sk
 from statekeeper.storage.memory import MemoryStorage
+from statekeeper.testing import assert_state_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_staged_values_are_a_snapshot(tmp_path: Path) -> None:
         model.weight.add_(1.0)  # the training loop goes on at once
     info = pending.wait()
     assert info.step == 1
-    assert_state_equal(sk.read(tmp_path)["model"], before)
+    assert_state_equal(dict(sk.read(tmp_path)["model"]), before)
 
 
 def test_two_saves_in_a_row_never_interleave() -> None:

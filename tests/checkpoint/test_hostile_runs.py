@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conftest import assert_state_equal
 from tests.helpers import launcher
 from tests.helpers.hostile import ENTRY, saved_run, small_state
 from tests.helpers.saver import state_for
@@ -25,6 +24,7 @@ from tests.helpers.saver import state_for
 import statekeeper as sk
 from statekeeper.format.safetensors_io import layout
 from statekeeper.storage import local
+from statekeeper.testing import assert_state_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 

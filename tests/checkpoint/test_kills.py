@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import assert_state_equal
 from tests.helpers import launcher
 from tests.helpers.saver import state_for
 
 import statekeeper as sk
+from statekeeper.testing import assert_state_equal
 
 KILLS = 30
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import random
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import launcher
-from tests.helpers.saver import state_for
 
 import statekeeper as sk
 from statekeeper.storage.memory import MemoryStorage
@@ -88,28 +82,3 @@ def test_staging_buffer_is_reused_between_saves() -> None:
         ckpt.save(2, {"x": torch.ones(1000)})
         ckpt.wait()
         assert ckpt._writer._staging is buffer  # type: ignore[union-attr]
-
-
-def test_sigkill_during_async_saves_leaves_the_previous_step_loadable(tmp_path: Path) -> None:
-    rng = random.Random(7)
-    next_step = 0
-    for attempt in range(6):
-        child = launcher.Popen(  # forked with torch imported: a process of its own all the same
-            [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), "async"],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        if attempt == 5 and not sk.list_checkpoints(tmp_path):  # a loaded machine: make sure
-            for _ in range(2):  # the second save returns once the first is committed
-                assert child.stdout.readline().strip().isdigit()
-        time.sleep(rng.uniform(0.0, 0.4))  # a random kill instant, not a timing assertion
-        child.kill()
-        child.wait()
-        infos = sk.list_checkpoints(tmp_path)
-        if infos:
-            saved = sk.read(tmp_path)
-            saved.pop("rng")
-            assert_state_equal(saved, state_for(infos[-1].step))
-            next_step = infos[-1].step + 1
-    assert sk.list_checkpoints(tmp_path), "no save committed: the test proved nothing"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from statekeeper.checkpoint.listing import list_checkpoints
 from statekeeper.checkpoint.location import committed
 from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.points import Point, reach
 from statekeeper.errors import StatekeeperWarning, StorageError, user_stacklevel
 from statekeeper.storage.base import Storage
 
@@ -64,6 +65,7 @@ def _remove_all(
 ) -> tuple[list[int], dict[int, str]]:
     deleted, failed = [], {}
     for step, entry in doomed:
+        reach(Point.REMOVING)
         try:
             storage.remove(entry)
         except (StorageError, OSError) as exc:

@@ -40,7 +40,8 @@ def test_retention_unlists_a_step_before_deleting_any_of_its_files(
         next(p for p in Path(path).iterdir() if p.name.endswith(".safetensors")).unlink()
         raise KeyboardInterrupt  # stands for the kill: the rest of the files stay
 
-    monkeypatch.setattr(local.shutil, "rmtree", killed_midway)
+    # (typing) the module's own import, patched by the test
+    monkeypatch.setattr(local.shutil, "rmtree", killed_midway)  # type: ignore[attr-defined]
     with pytest.raises(KeyboardInterrupt):
         sk.LocalStorage(run).remove("step_000000002")
     monkeypatch.undo()
@@ -183,7 +184,7 @@ def test_a_full_disk_is_a_storage_error_naming_run_step_file_and_bytes(
     text = str(exc)
     assert f"saving step 2 into {run} failed" in text
     assert "tensors-00000.safetensors" in text and "step_000000002.partial-" in text
-    claimed = int(re.search(r"The step needs (\d+) bytes for its tensor files", text)[1])  # type: ignore[index]
+    claimed = int(re.search(r"The step needs (\d+) bytes for its tensor files", text)[1])
     needed = layout({"w": _big(2)["w"]}).size  # the checkpointers add the RNG states
     assert claimed == needed if how == "save" else needed < claimed < needed + (1 << 20)
     assert "free space" in text
@@ -226,9 +227,11 @@ def test_rmtree_is_not_used_on_a_committed_name(tmp_path: Path) -> None:
         seen.append(Path(path).name)
         real(path, ignore_errors=ignore_errors)
 
-    local.shutil.rmtree = spy  # type: ignore[assignment]
+    # (typing) the module's own import, patched by the test
+    local.shutil.rmtree = spy  # type: ignore[attr-defined]
     try:
         sk.LocalStorage(run).remove(ENTRY)
     finally:
-        local.shutil.rmtree = real
+        # (typing) the module's own import, patched by the test
+        local.shutil.rmtree = real  # type: ignore[attr-defined]
     assert len(seen) == 1 and seen[0].startswith(f"{ENTRY}.removing-")

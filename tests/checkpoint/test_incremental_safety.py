@@ -172,7 +172,8 @@ class _AtLink:
                 act(Path(named))
             real(src, *args, **kwargs)
 
-        monkeypatch.setattr(storage_files.os, "link", link)
+        # (typing) the module's own import, patched by the test
+        monkeypatch.setattr(storage_files.os, "link", link)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(params=["linkat /proc/self/fd", "no /proc"])

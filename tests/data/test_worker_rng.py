@@ -48,7 +48,8 @@ def _loader(workers: int, persistent: bool, wrapped: bool) -> StatefulDataLoader
 
 
 def _batches(loader: StatefulDataLoader, count: int, it: Any = None) -> tuple[list[Any], Any]:
-    out = []
+    # (typing) filled in below by the test
+    out = []  # type: ignore[var-annotated]
     while len(out) < count:
         if it is None:
             it = iter(loader)

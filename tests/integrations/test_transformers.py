@@ -129,7 +129,8 @@ def test_a_loader_of_ones_own_with_workers_warns_at_train_start(tmp_path: Path) 
     from transformers import default_data_collator
 
     trainer = _tiny_trainer(tmp_path, max_steps=2)
-    plain = DataLoader(dataset(), batch_size=4, num_workers=2, collate_fn=default_data_collator)
+    # (typing) filled in below by the test
+    plain = DataLoader(dataset(), batch_size=4, num_workers=2, collate_fn=default_data_collator)  # type: ignore[var-annotated]
     trainer.get_train_dataloader = lambda: plain  # type: ignore[attr-defined]
     with pytest.warns(sk.StatekeeperWarning, match=r"super\(\)\.get_train_dataloader"):
         trainer.train()  # type: ignore[attr-defined]
@@ -170,11 +171,11 @@ def _tiny_trainer(out: Path, **overrides: object) -> object:
     data = dataset()
     return StatekeeperTrainer(
         model=model(),
-        args=TrainingArguments(**options),  # type: ignore[arg-type]
+        args=TrainingArguments(**options),
         train_dataset=data,
         eval_dataset=data[:8],
         retention=retention,
-        extra_state=extra,  # type: ignore[arg-type]
+        extra_state=extra,
     )
 
 
@@ -340,7 +341,7 @@ def test_the_trainers_own_end_of_run_deletions_rename_folders_aside(
 
     def recording(path: object, *args: object, **kwargs: object) -> None:
         deleted.append(Path(str(path)).name)
-        real(path, *args, **kwargs)  # type: ignore[arg-type]
+        real(path, *args, **kwargs)
 
     monkeypatch.setattr(shutil, "rmtree", recording)
     trainer = _tiny_trainer(

@@ -20,8 +20,9 @@ Nothing happens at a point unless a test asked for it, in one of two ways:
   ``n``-th time (default 1) it reaches ``<point>``, counting every save of the process.
 
 The cost when neither is set is one global lookup and one ``os.environ`` lookup per point:
-five per save, one per tensor file and one per step removed. This module is a test seam, not a public API: it is
-not exported from ``statekeeper``, and user code should not register hooks.
+five per save, one per tensor file and one per step removed. This module is a test seam,
+not a public API: it is not exported from ``statekeeper``, and user code should not
+register hooks.
 """
 
 from __future__ import annotations

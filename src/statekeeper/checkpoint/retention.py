@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from statekeeper.checkpoint.listing import list_checkpoints
 from statekeeper.checkpoint.location import committed
-from statekeeper.checkpoint.policies import Retention
 from statekeeper.checkpoint.points import Point, reach
+from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import StatekeeperWarning, StorageError, user_stacklevel
 from statekeeper.storage.base import Storage
 

@@ -183,8 +183,9 @@ def test_plain_values_load_in_place_or_come_back(tmp_path: Path) -> None:
         {"counter": counter, "meta": meta, "history": history, "epoch": 3, "tensor": tensor},
         step=1,
     )
-    # (typing) filled in below by the test
-    live_counter, live_meta, live_history, live_tensor = sk.Value(0), {}, [], torch.zeros(3)  # type: ignore[var-annotated]
+    live_meta: dict[str, Any] = {}
+    live_history: list[Any] = []
+    live_counter, live_tensor = sk.Value(0), torch.zeros(3)
     info = sk.load(
         tmp_path,
         {

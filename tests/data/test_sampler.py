@@ -104,8 +104,7 @@ def test_loader_rewinds_what_workers_prefetched_when_a_loop_breaks() -> None:
 
 
 def test_plain_dataloader_in_the_state_is_refused_with_the_fix(tmp_path: Path) -> None:
-    # (typing) filled in below by the test
-    loader = torch.utils.data.DataLoader(range(8), shuffle=True)  # type: ignore[var-annotated]
+    loader: torch.utils.data.DataLoader[int] = torch.utils.data.DataLoader(range(8), shuffle=True)
     with pytest.raises(sk.InvalidArgumentError, match="ResumableLoader"):
         sk.save(tmp_path, {"loader": loader}, step=1)
 
@@ -136,8 +135,7 @@ def test_plain_torchdata_restore_loses_the_order_statekeeper_keeps(tmp_path: Pat
         )
 
     def epochs(loader: StatefulDataLoader, skip: int) -> list[list[int]]:
-        # (typing) filled in below by the test
-        out = []  # type: ignore[var-annotated]
+        out: list[list[int]] = []
         it = iter(loader)
         while len(out) < 18 - skip:
             try:

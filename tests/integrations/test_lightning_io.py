@@ -145,8 +145,7 @@ def test_async_top_k_removal_of_a_checkpoint_still_being_written_waits_for_it(
     import statekeeper.integrations.lightning_io as plugin
     from statekeeper.integrations.lightning import StatekeeperCallback, StatekeeperCheckpointIO
 
-    # (typing) filled in below by the test
-    removing, held = threading.Event(), []  # type: ignore[var-annotated]
+    removing, held = threading.Event(), list[bool]()
     # (typing) an internal function the test drives or wraps
     real = plugin.save  # type: ignore[attr-defined]
 

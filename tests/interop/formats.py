@@ -201,8 +201,8 @@ def _claiming_pickle(numel: int, stride: int, storage_numel: int, legacy: bool) 
 
     class Tensor:
         def __reduce__(self) -> tuple[Any, ...]:
-            # (typing) filled in below by the test
-            args = (ref, 0, (numel,), (stride,), False, collections.OrderedDict())  # type: ignore[var-annotated]
+            metadata: collections.OrderedDict[str, Any] = collections.OrderedDict()
+            args = (ref, 0, (numel,), (stride,), False, metadata)
             return (torch._utils._rebuild_tensor_v2, args)
 
     class Pickler(pickle.Pickler):

@@ -80,25 +80,3 @@ def trained(seed: int = 0, steps: int = 2) -> tuple[torch.nn.Module, torch.optim
         opt.step()
         opt.zero_grad()
     return model, opt
-
-
-def _raw(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-
-
-def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
-    """Bitwise equality of nested states (dtype-exact, nan-equal)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), path
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert torch.equal(_raw(a), _raw(b)), path
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{path}: {set(a) ^ set(b)}"
-        for k in a:
-            assert_state_equal(a[k], b[k], f"{path}/{k}")
-    elif isinstance(a, list | tuple):
-        assert type(a) is type(b) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_state_equal(x, y, f"{path}/{i}")
-    else:
-        assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"

@@ -231,5 +231,5 @@ def test_library_messages_name_arguments_not_command_line_flags() -> None:
             for part in ast.walk(node):
                 text = part.value if isinstance(part, ast.Constant) else None
                 if isinstance(text, str) and flag.search(text):
-                    found.append(f"{path.relative_to(_SRC)}:{part.lineno}: {text!r}")
+                    found.append(f"{path.relative_to(_SRC)}:{getattr(part, 'lineno', 0)}: {text!r}")
     assert found == []

@@ -86,7 +86,8 @@ def _imported(module: str, path: Path) -> set[str]:
             if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
                 name = args[0].value
                 if name.startswith(".") and len(args) > 1 and isinstance(args[1], ast.Constant):
-                    name = f"{args[1].value}{name}"
+                    # (typing) an ast node the test has narrowed by its shape
+                    name = f"{args[1].value}{name}"  # type: ignore[str-bytes-safe]
                 found.add(name)
             if module.split(".")[1:2] and module.split(".")[1] in CORE:
                 found.add("<dynamic>")

@@ -197,7 +197,12 @@ def test_picklable_with_the_default_rules() -> None:
     avg.update_parameters(model)
     clone = pickle.loads(pickle.dumps(avg))  # our own object, in memory
     assert torch.equal(clone.module[0].weight, avg.module[0].weight)
-    assert clone._averaged == 1
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    avg.update_parameters(model)
+    clone.update_parameters(model)  # the clone goes on counting: an EMA step, not a first copy
+    assert int(clone.n_averaged) == 2
+    assert torch.equal(clone.module[0].weight, avg.module[0].weight)
 
 
 @pytest.mark.parametrize(

@@ -208,7 +208,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(sk.InvalidArgumentError, match="no paths"):
         average_checkpoints([], tmp_path / "out")
     with pytest.raises(sk.InvalidArgumentError, match="list of checkpoint"):
-        average_checkpoints(str(runs[0]), tmp_path / "out")  # type: ignore[arg-type]
+        average_checkpoints(str(runs[0]), tmp_path / "out")
     with pytest.raises(sk.InvalidArgumentError, match="key"):
         average_checkpoints(runs, tmp_path / "out", key="")
     with pytest.raises(sk.StepNotFoundError):

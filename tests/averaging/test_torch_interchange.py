@@ -21,7 +21,7 @@ def _trained_average(average: torch.nn.Module, model: torch.nn.Module, updates: 
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.1 * (i + 1))
-        average.update_parameters(model)  # type: ignore[operator]
+        average.update_parameters(model)
 
 
 def test_torch_state_loads_strictly_into_ours_and_continues_identically() -> None:
@@ -74,4 +74,11 @@ def test_torch_state_loads_through_statekeeper_and_inside_other_modules(tmp_path
     holder = torch.nn.ModuleDict({"ema": sk.AveragedModel(_model())})
     holder.load_state_dict({f"ema.{k}": v for k, v in theirs.state_dict().items()})
     inner = holder["ema"]
-    assert int(inner.n_calls) == 3 and inner._averaged == 3 and inner._calls == 3
+    assert int(inner.n_calls) == 3
+    before = inner.module[0].weight.detach().clone()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    inner.update_parameters(model)  # goes on from 3 averaged: a running mean, not a first copy
+    expected = before + (model[0].weight.detach() - before) / 4
+    torch.testing.assert_close(inner.module[0].weight.detach(), expected)
+    assert int(inner.n_averaged) == 4

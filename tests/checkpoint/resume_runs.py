@@ -167,7 +167,7 @@ class SetOrder(nn.Module):
     def forward(self) -> torch.Tensor:
         return sum(
             (getattr(self, n) * (i + 1)).pow(2).sum() for i, n in enumerate(sorted(self.NAMES))
-        )  # type: ignore[return-value]
+        )
 
 
 def set_order_adam() -> Run:
@@ -208,7 +208,7 @@ def resumable_loader_augmenting() -> Run:
         )
     )
     loop = _Loop(0)
-    loop.loader = loader  # type: ignore[assignment]
+    loop.loader = loader
     return Run({"model": loop.model, "opt": loop.opt, "loader": loader}, loop.step)
 
 

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import random
-import subprocess
-import sys
-import time
+import gc
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import assert_state_equal
-from tests.helpers import launcher
-from tests.helpers.saver import state_for
 
 import statekeeper as sk
 from statekeeper.storage.memory import MemoryStorage
+from statekeeper.testing import assert_state_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +24,7 @@ def test_staged_values_are_a_snapshot(tmp_path: Path) -> None:
         model.weight.add_(1.0)  # the training loop goes on at once
     info = pending.wait()
     assert info.step == 1
-    assert_state_equal(sk.read(tmp_path)["model"], before)
+    assert_state_equal(dict(sk.read(tmp_path)["model"]), before)
 
 
 def test_two_saves_in_a_row_never_interleave() -> None:
@@ -79,37 +75,34 @@ def test_retention_runs_after_each_background_commit(tmp_path: Path) -> None:
         assert [c.step for c in sk.list_checkpoints(tmp_path)] == [4, 5]
 
 
+def _staged(original: torch.Tensor) -> set[int]:
+    """The data pointers of the live tensors, other than ``original``, that hold a copy of it
+    (the writer's staging views: float32, its shape)."""
+    gc.collect()
+    with warnings.catch_warnings():  # some lazily deprecated objects warn on isinstance
+        warnings.simplefilter("ignore")
+        return {
+            obj.data_ptr()
+            for obj in gc.get_objects()
+            if isinstance(obj, torch.Tensor)
+            and obj is not original
+            and obj.dtype == original.dtype
+            and obj.shape == original.shape
+        }
+
+
 def test_staging_buffer_is_reused_between_saves() -> None:
+    """The Checkpointer's writer keeps its host copy between saves: the second save is staged
+    into the same memory as the first (observed through the live tensors, not the writer)."""
     storage = MemoryStorage()
+    x = torch.zeros(1013)  # a shape no other live tensor has
     with sk.Checkpointer(storage, blocking=False) as ckpt:
-        ckpt.save(1, {"x": torch.zeros(1000)})
+        ckpt.save(1, {"x": x})
         ckpt.wait()
-        buffer = ckpt._writer._staging  # type: ignore[union-attr]
-        ckpt.save(2, {"x": torch.ones(1000)})
+        first = _staged(x)
+        assert len(first) == 1, "one staged copy (in one place), kept for the next save"
+        x.fill_(1.0)
+        ckpt.save(2, {"x": x})
         ckpt.wait()
-        assert ckpt._writer._staging is buffer  # type: ignore[union-attr]
-
-
-def test_sigkill_during_async_saves_leaves_the_previous_step_loadable(tmp_path: Path) -> None:
-    rng = random.Random(7)
-    next_step = 0
-    for attempt in range(6):
-        child = launcher.Popen(  # forked with torch imported: a process of its own all the same
-            [sys.executable, "-m", "tests.helpers.saver", str(tmp_path), str(next_step), "async"],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        if attempt == 5 and not sk.list_checkpoints(tmp_path):  # a loaded machine: make sure
-            for _ in range(2):  # the second save returns once the first is committed
-                assert child.stdout.readline().strip().isdigit()
-        time.sleep(rng.uniform(0.0, 0.4))  # a random kill instant, not a timing assertion
-        child.kill()
-        child.wait()
-        infos = sk.list_checkpoints(tmp_path)
-        if infos:
-            saved = sk.read(tmp_path)
-            saved.pop("rng")
-            assert_state_equal(saved, state_for(infos[-1].step))
-            next_step = infos[-1].step + 1
-    assert sk.list_checkpoints(tmp_path), "no save committed: the test proved nothing"
+        assert _staged(x) == first
+    assert sk.read(storage, step=2)["x"].eq(1.0).all()

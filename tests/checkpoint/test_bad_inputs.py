@@ -114,14 +114,14 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("overwrite", "True or False"),
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
-    "AveragedModel(5)": (lambda t: sk.AveragedModel(5), ("model", "nn.Module")),  # type: ignore[arg-type]
-    "KeepLatest('3')": (lambda t: sk.KeepLatest("3"), ("KeepLatest(n)", "int")),  # type: ignore[arg-type]
-    "EverySteps(2.0)": (lambda t: sk.EverySteps(2.0), ("EverySteps(n)", "int")),  # type: ignore[arg-type]
-    "EverySeconds('60')": (lambda t: sk.EverySeconds("60"), ("EverySeconds",)),  # type: ignore[arg-type]
+    "AveragedModel(5)": (lambda t: sk.AveragedModel(5), ("model", "nn.Module")),
+    "KeepLatest('3')": (lambda t: sk.KeepLatest("3"), ("KeepLatest(n)", "int")),
+    "EverySteps(2.0)": (lambda t: sk.EverySteps(2.0), ("EverySteps(n)", "int")),
+    "EverySeconds('60')": (lambda t: sk.EverySeconds("60"), ("EverySeconds",)),
     "EverySeconds(True)": (lambda t: sk.EverySeconds(True), ("EverySeconds",)),
-    "AtSteps('5')": (lambda t: sk.AtSteps("5"), ("AtSteps", "int")),  # type: ignore[arg-type]
+    "AtSteps('5')": (lambda t: sk.AtSteps("5"), ("AtSteps", "int")),
     "shard_bytes='1MB'": (
-        lambda t: sk.save(t / "r", {"x": 1}, step=1, shard_bytes="1MB"),  # type: ignore[arg-type]
+        lambda t: sk.save(t / "r", {"x": 1}, step=1, shard_bytes="1MB"),
         ("shard_bytes", "int"),
     ),
     "Checkpointer shard_bytes=True": (lambda t: _ckpt(t, shard_bytes=True), ("shard_bytes",)),
@@ -136,13 +136,13 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         lambda t: sk.load(_saved(t), {"x": torch.zeros(2)}, strict=True),
         ("strict", "Strict"),
     ),
-    "Mirror(5)": (lambda t: sk.Mirror(5), ("Mirror directory", "s3://bucket/run")),  # type: ignore[arg-type]
+    "Mirror(5)": (lambda t: sk.Mirror(5), ("Mirror directory", "s3://bucket/run")),
     "Mirror(keep=3)": (
-        lambda t: sk.Mirror(str(t / "m"), keep=3),  # type: ignore[arg-type]
+        lambda t: sk.Mirror(str(t / "m"), keep=3),
         ("Mirror keep", "KeepEvery(10)"),
     ),
     "Mirror(timeout='5')": (
-        lambda t: sk.Mirror(str(t / "m"), timeout="5"),  # type: ignore[arg-type]
+        lambda t: sk.Mirror(str(t / "m"), timeout="5"),
         ("Mirror timeout", "seconds"),
     ),
     "Mirror(close_timeout=True)": (
@@ -150,7 +150,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("Mirror close_timeout", "None"),
     ),
     "Mirror(retries=2.0)": (
-        lambda t: sk.Mirror(str(t / "m"), retries=2.0),  # type: ignore[arg-type]
+        lambda t: sk.Mirror(str(t / "m"), retries=2.0),
         ("Mirror retries", "int"),
     ),
     "Mirror(concurrency=True)": (
@@ -158,7 +158,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("Mirror concurrency", "int"),
     ),
     "Checkpointer mirror='s3://...'": (
-        lambda t: _ckpt(t, mirror="s3://bucket/run"),  # type: ignore[arg-type]
+        lambda t: _ckpt(t, mirror="s3://bucket/run"),
         ("mirror", "statekeeper.Mirror("),
     ),
     "export overwrite='no'": (

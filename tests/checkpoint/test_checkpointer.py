@@ -209,8 +209,8 @@ def test_registered_generators_are_restored_by_name(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(sk.InvalidArgumentError, match="KeepLatest"):
-        sk.Checkpointer(tmp_path, keep=3)  # type: ignore[arg-type]
+        sk.Checkpointer(tmp_path, keep=3)
     with pytest.raises(sk.InvalidArgumentError, match="EverySteps"):
-        sk.Checkpointer(tmp_path, every=10)  # type: ignore[arg-type]
+        sk.Checkpointer(tmp_path, every=10)
     with pytest.raises(TypeError, match="generator 'g'"):
         sk.Checkpointer(tmp_path, generators={"g": 1})  # type: ignore[dict-item]

@@ -57,7 +57,7 @@ def test_load_of_a_given_step_and_of_the_newest(tmp_path: Path) -> None:
             ckpt.load(state, step=9)
         assert ckpt.last_restore is newest  # a failed load changes nothing
         with pytest.raises(sk.InvalidArgumentTypeError, match="step"):
-            ckpt.load(state, step="2")  # type: ignore[arg-type]
+            ckpt.load(state, step="2")
 
 
 def test_load_restores_the_checkpointers_rng(tmp_path: Path) -> None:

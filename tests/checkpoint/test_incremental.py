@@ -154,7 +154,7 @@ def test_write_all_writes_every_file(tmp_path: Path) -> None:
     assert isinstance(info, sk.CheckpointInfo)
     assert info.reused_files == 0 and info.written == info.bytes
     with pytest.raises(sk.InvalidArgumentError, match="incremental must be"):
-        sk.Checkpointer(tmp_path / "other", incremental="yes")  # type: ignore[arg-type]
+        sk.Checkpointer(tmp_path / "other", incremental="yes")
 
 
 def test_background_saves_reuse_too(tmp_path: Path) -> None:
@@ -187,7 +187,8 @@ def test_a_link_that_fails_for_any_reason_writes_the_file(
         raise OSError(code, os.strerror(code))
 
     state, adapter, opt = _two_steps(tmp_path)
-    monkeypatch.setattr(storage_files.os, "link", broken)
+    # (typing) the module's own import, patched by the test
+    monkeypatch.setattr(storage_files.os, "link", broken)  # type: ignore[attr-defined]
     lora_step(adapter, opt)
     info = sk.save(tmp_path, state, step=3)
     assert info.reused_files == 0 and info.written == info.bytes

@@ -16,6 +16,7 @@ from tests.conftest import lora_state, lora_step
 import statekeeper as sk
 from statekeeper.checkpoint import save as one_off
 from statekeeper.storage import files as storage_files
+from statekeeper.testing import assert_state_equal
 
 FROZEN = "tensors-00000.safetensors"  # the frozen base's shard (frozen parameters first)
 
@@ -46,11 +47,6 @@ def inodes(run: Path, step: int) -> set[int]:
     return {f.stat().st_ino for f in (run / f"step_{step:09d}").glob("*.safetensors")}
 
 
-def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    pairs = zip(a.state_dict().values(), b.state_dict().values(), strict=True)
-    return all(torch.equal(x, y) for x, y in pairs)
-
-
 def test_a_rotten_file_is_never_linked_into_the_next_step(tmp_path: Path) -> None:
     state, adapter, opt = lora_state()
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(3)) as ckpt:
@@ -68,7 +64,7 @@ def test_a_rotten_file_is_never_linked_into_the_next_step(tmp_path: Path) -> Non
     fresh, _, _ = lora_state(seed=3)
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(3)) as again:
         assert again.restore_latest(fresh) == 4
-    assert same_weights(fresh["model"], state["model"])
+    assert_state_equal(dict(fresh["model"].state_dict()), dict(state["model"].state_dict()))
 
 
 def test_a_rotten_file_in_the_newest_step_leaves_an_older_good_step(tmp_path: Path) -> None:
@@ -172,7 +168,8 @@ class _AtLink:
                 act(Path(named))
             real(src, *args, **kwargs)
 
-        monkeypatch.setattr(storage_files.os, "link", link)
+        # (typing) the module's own import, patched by the test
+        monkeypatch.setattr(storage_files.os, "link", link)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(params=["linkat /proc/self/fd", "no /proc"])

@@ -120,9 +120,9 @@ def test_inspect_reports_the_newest_step_as_typed_frozen_rows(run: Path) -> None
     assert (totals.tensor_bytes, totals.values, totals.file_bytes) == (96 + 30 + 32, 3, on_disk)
     assert totals.files == len(list(_step(run, 2).iterdir()))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        report.step = 3  # type: ignore[misc]
+        report.step = 3
     with pytest.raises(dataclasses.FrozenInstanceError):
-        model.tensor_bytes = 0  # type: ignore[misc]
+        model.tensor_bytes = 0
 
 
 def test_inspect_picks_a_step_and_takes_step_directories_and_storages(run: Path) -> None:
@@ -186,7 +186,7 @@ def test_verify_intact_run_reports_every_step(run: Path) -> None:
     assert [s.step for s in only.steps] == [1] and only.ok
     assert verify(_step(run, 2)).steps == report.steps[1:]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        report.ok = False  # type: ignore[misc]
+        report.ok = False
 
 
 def test_verify_reports_a_damaged_step_without_raising(run: Path) -> None:

@@ -81,7 +81,7 @@ def test_minimal_records_neither_command_line_nor_host(tmp_path: Path) -> None:
         ckpt.save(1, {"w": torch.ones(1)})
     text, origin = _manifest(tmp_path, 1)
     assert "argv" not in origin and "hostname" not in origin
-    assert origin["world_size"] == 1 and "cpu" in origin["devices"]  # type: ignore[operator]
+    assert origin["world_size"] == 1 and "cpu" in origin["devices"]
     assert "train.py" not in text
     sk.save(tmp_path, {"w": torch.ones(1)}, step=2, origin=sk.Origin.NONE)
     assert '"origin"' not in _manifest(tmp_path, 2)[0]
@@ -106,7 +106,7 @@ def test_a_wrong_level_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(sk.InvalidArgumentError, match=r"statekeeper\.Origin"):
-        sk.save(tmp_path, {"w": torch.ones(1)}, step=1, origin="minimal")  # type: ignore[arg-type]
+        sk.save(tmp_path, {"w": torch.ones(1)}, step=1, origin="minimal")
     monkeypatch.setenv("STATEKEEPER_ORIGIN", "secret")
     with pytest.raises(sk.InvalidArgumentError, match=r"STATEKEEPER_ORIGIN='secret'.*minimal"):
         sk.save(tmp_path, {"w": torch.ones(1)}, step=1)

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from tests.conftest import assert_state_equal
 from tests.helpers import launcher
 from tests.helpers.saver import state_for
 
 import statekeeper as sk
 from statekeeper.cli.main import main
 from statekeeper.storage import commit
+from statekeeper.testing import assert_state_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = 5

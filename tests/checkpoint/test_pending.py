@@ -126,7 +126,7 @@ def test_a_failure_looked_at_through_error_is_not_warned_again() -> None:
 def test_a_checkpointers_pending_saves_belong_to_it(tmp_path: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", sk.StatekeeperWarning)
-        with sk.Checkpointer(tmp_path, async_save=True) as ckpt:
+        with sk.Checkpointer(tmp_path, blocking=False) as ckpt:
             for step in (1, 2, 3):
                 ckpt.save(step, {"x": torch.full((4,), float(step))})  # dropped: its own
             info = ckpt.wait()

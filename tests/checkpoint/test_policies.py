@@ -88,14 +88,15 @@ def test_policies_are_validated_on_construction(build: Any) -> None:
 def test_policies_are_frozen() -> None:
     policy = sk.KeepLatest(2)
     with pytest.raises(AttributeError):
-        policy.n = 3  # type: ignore[misc]
+        policy.n = 3
 
 
 def test_keep_best_ranks_integers_too_large_for_a_float() -> None:
     from statekeeper.checkpoint.info import CheckpointInfo
 
     def info(step: int, loss: object) -> CheckpointInfo:
-        return CheckpointInfo(step, f"run/step_{step}", 0, None, metrics={"loss": loss})
+        # (typing) metrics as a CheckpointInfo read back holds them
+        return CheckpointInfo(step, f"run/step_{step}", 0, None, metrics={"loss": loss})  # type: ignore[dict-item]
 
     huge = 10**4000  # what a crafted manifest can hold; float(huge) overflows
     infos = [info(1, huge), info(2, 0.5), info(3, -huge), info(4, float("nan")), info(5, True)]

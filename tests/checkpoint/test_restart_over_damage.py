@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from tests.conftest import assert_state_equal
 
 import statekeeper as sk
 from statekeeper.cli.main import main
+from statekeeper.testing import assert_state_equal
 
 
 def _state(step: int) -> dict[str, object]:

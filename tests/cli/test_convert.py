@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import Result
-from tests.conftest import assert_state_equal
 from tests.interop import formats
 
 import statekeeper as sk
+from statekeeper.testing import assert_state_equal
 
 Invoke = Callable[..., Result]
 
@@ -39,7 +39,7 @@ def test_dcp_into_a_run_json(invoke: Invoke, tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["source_format"] == "dcp" and data["kind"] == "statekeeper"
     assert data["entries"] == ["model"] and data["tensors"] == 7
-    assert_state_equal(sk.read(tmp_path / "run")["model"], model.state_dict())
+    assert_state_equal(sk.read(tmp_path / "run")["model"], dict(model.state_dict()))
 
 
 def test_run_into_one_safetensors_file(invoke: Invoke, tmp_path: Path) -> None:

@@ -170,7 +170,8 @@ def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
     assert fix["source"] == f"{inspect.getsourcefile(_Cache)}:{line}"
 
     class Declared(_Cache):  # what the doctor proposed, applied: clear_state frees it all
-        statekeeper_transient = ("hidden", "last_input")
+        # (typing) a test model with its own transient names
+        statekeeper_transient = ("hidden", "last_input")  # type: ignore[assignment]
         statekeeper_batch_state = ("membrane",)
 
     import statekeeper as sk

@@ -102,7 +102,8 @@ def test_stock_lightning_checkpoints_are_read_by_the_restricted_reader_only(
 ) -> None:
     where = folder("lightning-stock")
     listed = _json(invoke("ls", where, "--json"))
-    assert [e["format"] for e in listed["entries"]] == ["lightning"] * 3  # type: ignore[union-attr]
+    # (typing) JSON read back
+    assert [e["format"] for e in listed["entries"]] == ["lightning"] * 3  # type: ignore[attr-defined]
     checked = invoke("verify", where)
     assert checked.exit_code == 0, checked.output
     assert checked.output.count("READ ") == 3 and "no checksums" in checked.output
@@ -134,7 +135,8 @@ def test_trainer_checkpoint_folders_are_listed_and_verified_with_their_trainer_f
     listed = _json(invoke("ls", where, "--json"))
     assert listed["framework"] == "transformers"
     entries = listed["entries"]
-    assert [(e["name"], [c["step"] for c in e["checkpoints"]]) for e in entries] == [  # type: ignore[union-attr]
+    # (typing) JSON read back
+    assert [(e["name"], [c["step"] for c in e["checkpoints"]]) for e in entries] == [  # type: ignore[attr-defined]
         ("checkpoint-2", [2]), ("checkpoint-4", [4]),
     ]  # fmt: skip
     assert invoke("verify", where).exit_code == 0
@@ -143,7 +145,7 @@ def test_trainer_checkpoint_folders_are_listed_and_verified_with_their_trainer_f
     assert bad.exit_code == 1 and "model.safetensors does not match" in bad.output
     stock = folder("hf-stock")
     report = _json(invoke("verify", stock, "--json"))
-    (first, _) = report["entries"]  # type: ignore[misc]
+    (first, _) = report["entries"]
     assert first["status"] == "read" and first["format"] == "huggingface"
     assert {"optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(first["unread"])
 
@@ -153,17 +155,19 @@ def test_accelerate_project_directories_are_listed_and_verified(
 ) -> None:
     where = folder("accelerate-sk")
     listed = _json(invoke("ls", where, "--json"))
-    (entry,) = listed["entries"]  # type: ignore[misc]
+    (entry,) = listed["entries"]
     assert entry["name"] == "checkpoints" and [c["step"] for c in entry["checkpoints"]] == [0, 1]
     assert _json(invoke("verify", where, "--json"))["ok"] is True
     assert invoke("verify", where, "--step", "1").exit_code == 0
     stock = folder("accelerate-stock")
     listed = _json(invoke("ls", stock, "--json"))
-    names = [(e["name"], e["step"], e["format"]) for e in listed["entries"]]  # type: ignore[union-attr]
+    # (typing) JSON read back
+    names = [(e["name"], e["step"], e["format"]) for e in listed["entries"]]  # type: ignore[attr-defined]
     assert names == [("checkpoints/checkpoint_0", 0, "accelerate"),
                      ("checkpoints/checkpoint_1", 1, "accelerate")]  # fmt: skip
     report = _json(invoke("verify", stock, "--json"))
-    assert [e["status"] for e in report["entries"]] == ["read", "read"]  # type: ignore[union-attr]
+    # (typing) JSON read back
+    assert [e["status"] for e in report["entries"]] == ["read", "read"]  # type: ignore[attr-defined]
 
 
 def test_inspect_shows_the_newest_entry_or_the_step_asked(
@@ -174,7 +178,8 @@ def test_inspect_shows_the_newest_entry_or_the_step_asked(
     assert _json(invoke("inspect", lightning, "--step", "2", "--json"))["step"] == 2
     assert _json(invoke("inspect", folder("accelerate-sk"), "--step", "0", "--json"))["step"] == 0
     stock = _json(invoke("inspect", folder("lightning-stock"), "--step", "2", "--json"))
-    assert stock["format"] == "lightning" and stock["path"].endswith("epoch=0-step=2.ckpt")  # type: ignore[union-attr]
+    # (typing) JSON read back
+    assert stock["format"] == "lightning" and stock["path"].endswith("epoch=0-step=2.ckpt")  # type: ignore[attr-defined]
     missing = invoke("inspect", folder("hf-stock"), "--step", "7")
     assert missing.exit_code == 2 and "steps there: 2, 4" in missing.output
 

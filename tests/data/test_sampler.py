@@ -104,7 +104,7 @@ def test_loader_rewinds_what_workers_prefetched_when_a_loop_breaks() -> None:
 
 
 def test_plain_dataloader_in_the_state_is_refused_with_the_fix(tmp_path: Path) -> None:
-    loader = torch.utils.data.DataLoader(range(8), shuffle=True)
+    loader: torch.utils.data.DataLoader[int] = torch.utils.data.DataLoader(range(8), shuffle=True)
     with pytest.raises(sk.InvalidArgumentError, match="ResumableLoader"):
         sk.save(tmp_path, {"loader": loader}, step=1)
 
@@ -135,7 +135,7 @@ def test_plain_torchdata_restore_loses_the_order_statekeeper_keeps(tmp_path: Pat
         )
 
     def epochs(loader: StatefulDataLoader, skip: int) -> list[list[int]]:
-        out = []
+        out: list[list[int]] = []
         it = iter(loader)
         while len(out) < 18 - skip:
             try:

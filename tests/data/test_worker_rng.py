@@ -48,7 +48,7 @@ def _loader(workers: int, persistent: bool, wrapped: bool) -> StatefulDataLoader
 
 
 def _batches(loader: StatefulDataLoader, count: int, it: Any = None) -> tuple[list[Any], Any]:
-    out = []
+    out: list[Any] = []
     while len(out) < count:
         if it is None:
             it = iter(loader)

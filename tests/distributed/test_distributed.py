@@ -230,7 +230,7 @@ def test_scope_distributed_needs_a_process_group(tmp_path: Path) -> None:
     with pytest.raises(sk.InvalidArgumentError, match="init_process_group"):
         sk.save(tmp_path, {"x": 1}, step=1, scope=sk.Scope.DISTRIBUTED)
     with pytest.raises(sk.InvalidArgumentError, match="Scope"):
-        sk.save(tmp_path, {"x": 1}, step=1, scope="distributed")  # type: ignore[arg-type]
+        sk.save(tmp_path, {"x": 1}, step=1, scope="distributed")
     info = sk.save(tmp_path, {"x": 1}, step=1, scope=sk.Scope.LOCAL)
     assert info.step == 1
 

@@ -37,7 +37,7 @@ def test_names_round_trip_for_any_torch_dtype(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("name", ["nope", "Tensor", "nn", "", 3, None])
 def test_a_name_that_is_no_dtype_is_a_value_error(name: object) -> None:
     with pytest.raises(ValueError, match="unknown dtype"):
-        dtype_from_name(name)  # type: ignore[arg-type]
+        dtype_from_name(name)
 
 
 def test_the_helpers_have_one_home() -> None:

@@ -18,6 +18,7 @@ import safetensors
 import safetensors.torch
 import torch
 import xxhash
+from tests.helpers.orders import assert_same_in_order
 
 import statekeeper
 from statekeeper.checkpoint.writer import write_step
@@ -50,47 +51,10 @@ def _manifest() -> dict[str, Any]:
     return json.loads((STEP_DIR / "manifest.json").read_bytes())
 
 
-def _same_float(a: float, b: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
-
-
-def assert_same(actual: Any, expected: Any, path: str = "<root>") -> None:
-    """Exact equality: same types (tuple is not list, OrderedDict is not dict), same bits."""
-    if isinstance(expected, torch.Tensor):
-        assert type(actual) is torch.Tensor, f"{path}: {type(actual).__name__}"
-        assert actual.dtype == expected.dtype, f"{path}: {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
-        raw_a = actual.contiguous().reshape(-1).view(torch.uint8)
-        raw_e = expected.contiguous().reshape(-1).view(torch.uint8)
-        assert torch.equal(raw_a, raw_e), f"{path}: {actual} != {expected}"  # nan- and -0.0-exact
-        return
-    assert type(actual) is type(expected), f"{path}: {type(actual)} is not {type(expected)}"
-    if isinstance(expected, np.ndarray | np.generic):
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape, path
-        assert actual.tobytes() == expected.tobytes(), f"{path}: {actual!r} != {expected!r}"
-    elif isinstance(expected, float):
-        assert _same_float(actual, expected), f"{path}: {actual!r} != {expected!r}"
-    elif isinstance(expected, complex):
-        assert _same_float(actual.real, expected.real), path
-        assert _same_float(actual.imag, expected.imag), path
-    elif isinstance(expected, dict):
-        assert list(actual) == list(expected), f"{path}: keys {list(actual)} != {list(expected)}"
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}/{key}")
-        if isinstance(expected, OrderedDict):
-            assert_same(
-                getattr(actual, "_metadata", None),
-                getattr(expected, "_metadata", None),
-                f"{path}/_metadata",
-            )
-    elif isinstance(expected, list | tuple):
-        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{path}/{i}")
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+def assert_same(actual: Any, expected: Any) -> None:
+    """Exact equality (statekeeper.testing's bitwise comparison: tuple is not list,
+    OrderedDict is not dict, same bits) with the same key orders and state_dict metadata."""
+    assert_same_in_order(actual, expected)
 
 
 # (a) the generator reproduces the committed bytes ---------------------------------------------
@@ -176,7 +140,8 @@ def test_module_state_keeps_order_and_metadata(loaded: dict[str, Any]) -> None:
     model = loaded["model"]
     fresh = gen.GoldenNet().state_dict()
     assert type(model) is OrderedDict and list(model) == list(fresh)
-    assert model._metadata == fresh._metadata
+    # (typing) torch's state_dict metadata attribute
+    assert model._metadata == fresh._metadata  # type: ignore[attr-defined]
     net = gen.GoldenNet()
     net.load_state_dict(model)  # strict, _metadata-aware load of the real module
     assert_same(net.state_dict(), gen.golden_module().state_dict())

@@ -10,10 +10,10 @@ from types import ModuleType
 
 import pytest
 import torch
-from tests.conftest import assert_state_equal
 
 import statekeeper as sk
 from statekeeper.format.checksum import checksum
+from statekeeper.testing import assert_state_equal
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 STEP_DIR = GOLDEN / "v2" / "step_000000011"

@@ -50,11 +50,13 @@ def lightning(where: Path, statekeeper: bool) -> None:
 
     torch.manual_seed(0)
     saves = ModelCheckpoint(dirpath=where, every_n_train_steps=EVERY, save_last=True, save_top_k=-1)
-    callbacks: list[Callback] = [saves, *([StatekeeperCallback()] if statekeeper else [])]
+    # (typing) Lightning's classes from the package picked at run time
+    callbacks: list[Callback] = [saves, *([StatekeeperCallback()] if statekeeper else [])]  # type: ignore[list-item]
     trainer = pl.Trainer(
         max_steps=STEPS, accelerator="cpu", logger=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=callbacks,
-        plugins=[StatekeeperCheckpointIO()] if statekeeper else None,
+        # (typing) Lightning's classes from the package picked at run time
+        plugins=[StatekeeperCheckpointIO()] if statekeeper else None,  # type: ignore[list-item]
     )  # fmt: skip
     loader = torch.utils.data.DataLoader(_data(), batch_size=4)
     trainer.fit(Tiny(), loader)

@@ -25,6 +25,7 @@ import os
 import random
 import signal
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,13 +79,16 @@ class _EMA(TrainerCallback):
     def __init__(self, ema: sk.AveragedModel) -> None:
         self.ema = ema
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+    def on_step_end(
+        self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
+    ) -> None:
         self.ema.update_parameters(model)
 
 
 def model() -> BertForSequenceClassification:
     torch.manual_seed(0)
-    config = BertConfig(
+    # (typing) a config keyword transformers' signature takes through **kwargs
+    config = BertConfig(  # type: ignore[call-arg]
         vocab_size=50,
         hidden_size=16,
         num_hidden_layers=1,
@@ -101,7 +105,7 @@ class _Kill(TrainerCallback):
     def __init__(self, after: int) -> None:
         self.after = after
 
-    def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.after and state.global_step == self.after:  # step `after` is done and saved
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -109,12 +113,12 @@ class _Kill(TrainerCallback):
 def _kill_in_save(at: int) -> None:
     real = hf_layout.commit
 
-    def commit(built, step):  # type: ignore[no-untyped-def]
+    def commit(built: Any, step: int) -> Any:
         if step == at:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(built, step)
 
-    hf_layout.commit = commit  # type: ignore[assignment]
+    hf_layout.commit = commit
 
 
 def main() -> None:

@@ -182,7 +182,7 @@ class Popen(_RealPopen[Any]):
         self._fork_children = fork_children
         super().__init__(*args, **kwargs)
 
-    def _execute_child(  # type: ignore[override]
+    def _execute_child(
         self, args: Any, executable: Any, preexec_fn: Any, close_fds: bool,
         pass_fds: Sequence[int], cwd: Any, env: Any, startupinfo: Any, creationflags: int,
         shell: bool, p2cread: int, p2cwrite: int, c2pread: int, c2pwrite: int, errread: int,
@@ -200,9 +200,10 @@ class Popen(_RealPopen[Any]):
             if pid is not None:
                 self.pid = pid
                 self._child_created = True
-                self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+                # (typing) Popen's internals: a forked child is waited for as Popen's own
+                self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
                 return
-        super()._execute_child(  # type: ignore[misc]
+        super()._execute_child(
             args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
             creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
             restore_signals, gid, gids, uid, umask, start_new_session, process_group,
@@ -261,13 +262,15 @@ class Popen(_RealPopen[Any]):
             return False
         self._server.close()
         self._server = None
-        self._handle_exitstatus(int(reply["status"]))
+        # (typing) Popen's internals: a forked child is waited for as Popen's own
+        self._handle_exitstatus(int(reply["status"]))  # type: ignore[attr-defined]
         return True
 
     def _internal_poll(self, _deadstate: Any = None, **_: Any) -> int | None:
         if self._server is None:
-            return super()._internal_poll(_deadstate=_deadstate)  # type: ignore[no-any-return]
-        if self._waitpid_lock.acquire(False):
+            return super()._internal_poll(_deadstate=_deadstate)
+        # (typing) Popen's internals: a forked child is waited for as Popen's own
+        if self._waitpid_lock.acquire(False):  # type: ignore[attr-defined]
             try:
                 if self._server is not None:
                     self._status(time.monotonic())
@@ -275,16 +278,18 @@ class Popen(_RealPopen[Any]):
                 if _deadstate is not None:
                     self.returncode = _deadstate
             finally:
-                self._waitpid_lock.release()
+                # (typing) Popen's internals: a forked child is waited for as Popen's own
+                self._waitpid_lock.release()  # type: ignore[attr-defined]
         return self.returncode
 
     def _wait(self, timeout: float | None) -> int:
         if self._server is None:
-            return super()._wait(timeout)  # type: ignore[no-any-return]
+            return super()._wait(timeout)
         deadline = float("inf") if timeout is None else time.monotonic() + timeout
-        with self._waitpid_lock:
+        # (typing) Popen's internals: a forked child is waited for as Popen's own
+        with self._waitpid_lock:  # type: ignore[attr-defined]
             if self._server is not None and not self._status(deadline):
-                raise _subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+                raise _subprocess.TimeoutExpired(self.args, timeout)
         assert self.returncode is not None
         return self.returncode
 

@@ -22,7 +22,8 @@ pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGH
 ModelCheckpoint = pl.callbacks.ModelCheckpoint
 
 
-class Tiny(pl.LightningModule):
+# (typing) the Lightning package is picked at run time
+class Tiny(pl.LightningModule):  # type: ignore[name-defined]
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Linear(4, 1)

@@ -54,7 +54,8 @@ class Augmented(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.tensor([float(i)]), torch.tensor(noise)
 
 
-class Recorder(pl.LightningModule):
+# (typing) the Lightning package is picked at run time
+class Recorder(pl.LightningModule):  # type: ignore[name-defined]
     def __init__(self, log: str) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(4, 1)

@@ -31,7 +31,8 @@ pl = trainer()  # pytorch_lightning or lightning.pytorch ($STATEKEEPER_TEST_LIGH
 Callback, ModelCheckpoint = pl.Callback, pl.callbacks.ModelCheckpoint
 
 
-class Sharded(pl.LightningModule):
+# (typing) the Lightning package is picked at run time
+class Sharded(pl.LightningModule):  # type: ignore[name-defined]
     def __init__(self) -> None:
         super().__init__()
         layers = (torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))

@@ -36,7 +36,8 @@ class Ids(Dataset[torch.Tensor]):
         return torch.tensor([float(i)])
 
 
-class Recorder(pl.LightningModule):
+# (typing) the Lightning package is picked at run time
+class Recorder(pl.LightningModule):  # type: ignore[name-defined]
     def __init__(self, log: str) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(1, 1)

@@ -33,7 +33,8 @@ Callback, ModelCheckpoint = pl.Callback, pl.callbacks.ModelCheckpoint
 AsyncCheckpointIO = pl.plugins.io.AsyncCheckpointIO
 
 
-class Tiny(pl.LightningModule):
+# (typing) the Lightning package is picked at run time
+class Tiny(pl.LightningModule):  # type: ignore[name-defined]
     def __init__(self) -> None:
         super().__init__()
         layers = (torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))

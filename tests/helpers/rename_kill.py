@@ -40,19 +40,19 @@ def main() -> None:
     real_rename, real_exchange = os.rename, commit.exchange
 
     def rename(src: object, dst: object, *args: object, **kwargs: object) -> None:
-        real_rename(src, dst, *args, **kwargs)  # type: ignore[arg-type]
+        real_rename(src, dst, *args, **kwargs)
         counted()
 
     def exchange(a: object, b: object) -> bool:
         if mode == "fallback":
             return False
-        swapped = real_exchange(a, b)  # type: ignore[arg-type]
+        swapped = real_exchange(a, b)
         assert swapped, "this file system has no RENAME_EXCHANGE: run the fallback mode"
         counted()
         return swapped
 
-    os.rename = rename  # type: ignore[assignment]
-    commit.exchange = exchange  # type: ignore[assignment]
+    os.rename = rename
+    commit.exchange = exchange
     state = state_for(step + 1000)
     if through_checkpointer:
         with sk.Checkpointer(directory, shard_bytes=100_000) as ckpt:

@@ -57,7 +57,8 @@ def llama() -> dict[str, Any]:
 def t5() -> dict[str, Any]:
     from transformers import T5Config, T5ForConditionalGeneration
 
-    config = T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64, vocab_size=VOCAB,
+    # (typing) a config keyword transformers' signature takes through **kwargs
+    config = T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64, vocab_size=VOCAB,  # type: ignore[call-arg]
                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)  # fmt: skip
     model = T5ForConditionalGeneration(config)
     example = {"input_ids": _tokens(2, 8), "decoder_input_ids": _tokens(2, 4)}

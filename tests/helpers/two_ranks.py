@@ -27,6 +27,8 @@ def run(module: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        mp.start_processes(_rank, args=(port, module, sys.argv[1:]), nprocs=2, start_method="fork")
-    except mp.ProcessExitedException:
+        # (typing) re-exported by torch without __all__
+        mp.start_processes(_rank, args=(port, module, sys.argv[1:]), nprocs=2, start_method="fork")  # type: ignore[attr-defined]
+    # (typing) re-exported by torch without __all__
+    except mp.ProcessExitedException:  # type: ignore[attr-defined]
         sys.exit(9)

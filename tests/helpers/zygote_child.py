@@ -61,7 +61,7 @@ def become(
     for fd in set(fds) - {0, 1, 2}:
         os.close(fd)
     if os.isatty(1):
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stdout.reconfigure(line_buffering=True)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(set_by_imports)  # what the preloaded modules set, unless asked otherwise
@@ -94,8 +94,9 @@ def _fork_children(launcher_file: str, session: str, owner: int) -> None:
     launcher = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = launcher
     spec.loader.exec_module(launcher)
-    launcher._pinned = (session, owner)
-    subprocess.Popen = launcher.Popen  # type: ignore[misc]  # run/call/... use it too
+    # (typing) the launcher's module state, pinned in the forked child
+    launcher._pinned = (session, owner)  # type: ignore[attr-defined]
+    subprocess.Popen = launcher.Popen  # run/call/... use it too
 
 
 def _run(argv: list[str], main: types.ModuleType) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -15,6 +16,9 @@ from tests.helpers.framework_runs import oldest, run_to_end
 
 import statekeeper as sk
 from statekeeper.integrations import hf_layout
+
+if TYPE_CHECKING:
+    from statekeeper.integrations.transformers import StatekeeperTrainer
 
 
 def _run(
@@ -96,12 +100,12 @@ def test_resume_true_on_a_first_run_starts_from_scratch(
 
     trainer = _tiny_trainer(tmp_path / "new")
     with caplog.at_level(logging.INFO, logger="statekeeper.integrations.transformers"):
-        trainer.train(resume_from_checkpoint=True)  # type: ignore[attr-defined]
-    assert trainer.state.global_step == 6  # type: ignore[attr-defined]
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 6
     assert "no checkpoint-N" in caplog.text and "from scratch" in caplog.text
     again = _tiny_trainer(tmp_path / "new", max_steps=8)
-    again.train(True)  # type: ignore[attr-defined]  # positional: resumes from checkpoint-6
-    assert again.state.global_step == 8  # type: ignore[attr-defined]
+    again.train(True)  # positional: resumes from checkpoint-6
+    assert again.state.global_step == 8
     assert list(hf_layout.checkpoints(tmp_path / "new")) == [2, 4, 6, 8]
 
 
@@ -111,16 +115,16 @@ def test_extra_state_is_checked_on_construction_and_on_resume(tmp_path: Path) ->
         _tiny_trainer(tmp_path, extra_state={"ema": 3})
     with pytest.raises(sk.InvalidArgumentError, match="identifier"):
         _tiny_trainer(tmp_path, extra_state={"my ema": ema})
-    _tiny_trainer(tmp_path, extra_state={"ema": ema}).train()  # type: ignore[attr-defined]
+    _tiny_trainer(tmp_path, extra_state={"ema": ema}).train()
     saved = {k: v.clone() for k, v in ema.state_dict().items()}
     with torch.no_grad():
         ema.module.weight.zero_()
     resumed = _tiny_trainer(tmp_path, max_steps=6, extra_state={"ema": ema})
-    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))  # type: ignore[attr-defined]
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
     assert all(torch.equal(saved[k], v) for k, v in ema.state_dict().items())  # restored
     for extra, match in (({}, "saved, not given"), ({"ema": ema, "n": sk.Value(1)}, "missing")):
         with pytest.raises(sk.KeyMismatchError, match=match):
-            _tiny_trainer(tmp_path, extra_state=extra).train(resume_from_checkpoint=True)  # type: ignore[attr-defined]
+            _tiny_trainer(tmp_path, extra_state=extra).train(resume_from_checkpoint=True)
 
 
 def test_a_loader_of_ones_own_with_workers_warns_at_train_start(tmp_path: Path) -> None:
@@ -129,10 +133,13 @@ def test_a_loader_of_ones_own_with_workers_warns_at_train_start(tmp_path: Path) 
     from transformers import default_data_collator
 
     trainer = _tiny_trainer(tmp_path, max_steps=2)
-    plain = DataLoader(dataset(), batch_size=4, num_workers=2, collate_fn=default_data_collator)
-    trainer.get_train_dataloader = lambda: plain  # type: ignore[attr-defined]
+    plain: DataLoader[Any] = DataLoader(
+        dataset(), batch_size=4, num_workers=2, collate_fn=default_data_collator
+    )
+    # (typing) the test's own loader in place of the Trainer's
+    trainer.get_train_dataloader = lambda: plain  # type: ignore[method-assign]
     with pytest.warns(sk.StatekeeperWarning, match=r"super\(\)\.get_train_dataloader"):
-        trainer.train()  # type: ignore[attr-defined]
+        trainer.train()
 
 
 def test_a_kill_inside_a_save_leaves_no_folder_a_resume_would_pick(tmp_path: Path) -> None:
@@ -148,7 +155,7 @@ def test_a_kill_inside_a_save_leaves_no_folder_a_resume_would_pick(tmp_path: Pat
     assert sorted(os.listdir(out)) == ["checkpoint-18", "checkpoint-20"]  # leftover removed
 
 
-def _tiny_trainer(out: Path, **overrides: object) -> object:
+def _tiny_trainer(out: Path, **overrides: object) -> StatekeeperTrainer:
     from tests.helpers.hf_trainer_run import dataset, model
     from transformers import TrainingArguments
 
@@ -170,11 +177,11 @@ def _tiny_trainer(out: Path, **overrides: object) -> object:
     data = dataset()
     return StatekeeperTrainer(
         model=model(),
-        args=TrainingArguments(**options),  # type: ignore[arg-type]
+        args=TrainingArguments(**options),
         train_dataset=data,
         eval_dataset=data[:8],
         retention=retention,
-        extra_state=extra,  # type: ignore[arg-type]
+        extra_state=extra,
     )
 
 
@@ -182,25 +189,25 @@ def test_from_pretrained_loads_each_checkpoint(tmp_path: Path) -> None:
     from transformers import BertForSequenceClassification
 
     trainer = _tiny_trainer(tmp_path)
-    trainer.train()  # type: ignore[attr-defined]
+    trainer.train()
     again = BertForSequenceClassification.from_pretrained(str(tmp_path / "checkpoint-6"))
-    live = trainer.model.state_dict()  # type: ignore[attr-defined]
+    live = trainer.model.state_dict()
     for key, value in again.state_dict().items():
         assert torch.equal(value, live[key]), key
 
 
 def test_a_damaged_file_stops_the_resume_before_the_model_changes(tmp_path: Path) -> None:
     trainer = _tiny_trainer(tmp_path)
-    trainer.train()  # type: ignore[attr-defined]
+    trainer.train()
     weights = tmp_path / "checkpoint-4" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-3] ^= 0xFF  # a flipped bit in the last tensor
     weights.write_bytes(bytes(data))
     fresh = _tiny_trainer(tmp_path)
-    before = {k: v.clone() for k, v in fresh.model.state_dict().items()}  # type: ignore[attr-defined]
+    before = {k: v.clone() for k, v in fresh.model.state_dict().items()}
     with pytest.raises(sk.CorruptCheckpointError, match=r"model\.safetensors does not match"):
-        fresh.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))  # type: ignore[attr-defined]
-    after = fresh.model.state_dict()  # type: ignore[attr-defined]
+        fresh.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    after = fresh.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
@@ -215,19 +222,19 @@ def test_the_best_checkpoint_is_kept_and_loaded_at_the_end(tmp_path: Path) -> No
         save_total_limit=1,
         learning_rate=5e-3,
     )
-    trainer.train()  # type: ignore[attr-defined]
-    state = trainer.state  # type: ignore[attr-defined]
+    trainer.train()
+    state = trainer.state
     best = Path(state.best_model_checkpoint)
     assert best.is_dir() and best.name != "checkpoint-6"
     assert sorted(os.listdir(tmp_path)) == [best.name]  # the Trainer's own end-of-run pruning
     weights = load_file(str(best / "model.safetensors"))
-    live = trainer.model.state_dict()  # type: ignore[attr-defined]
+    live = trainer.model.state_dict()
     assert all(torch.equal(v, live[k]) for k, v in weights.items())
 
 
 def test_a_retention_policy_replaces_save_total_limit(tmp_path: Path) -> None:
     trainer = _tiny_trainer(tmp_path, max_steps=8, retention=sk.KeepEvery(4))
-    trainer.train()  # type: ignore[attr-defined]
+    trainer.train()
     assert list(hf_layout.checkpoints(tmp_path)) == [4, 8]
     with pytest.raises(sk.InvalidArgumentError, match="Retention"):
         _tiny_trainer(tmp_path, retention=3)
@@ -243,8 +250,8 @@ def test_a_checkpoint_of_the_plain_trainer_still_resumes(tmp_path: Path) -> None
     )  # fmt: skip
     Trainer(model=model(), args=args, train_dataset=dataset()).train()
     trainer = _tiny_trainer(tmp_path)
-    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))  # type: ignore[attr-defined]
-    assert trainer.state.global_step == 6  # type: ignore[attr-defined]
+    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert trainer.state.global_step == 6
     assert sk.verify(tmp_path / "checkpoint-6").ok
 
 
@@ -293,19 +300,19 @@ def test_a_folder_of_ours_that_lost_its_step_is_refused_not_resumed_bare(tmp_pat
     import shutil
 
     trainer = _tiny_trainer(tmp_path)
-    trainer.train()  # type: ignore[attr-defined]
+    trainer.train()
     folder = tmp_path / "checkpoint-6"
     assert not (folder / ".statekeeper.lock").exists()  # nothing of the save's left behind
     shutil.rmtree(next(folder.glob("step_*")))  # as a kill in the middle of a deletion
     with pytest.raises(sk.CorruptCheckpointError, match="holds no statekeeper step"):
-        _tiny_trainer(tmp_path).train(resume_from_checkpoint=True)  # type: ignore[attr-defined]
+        _tiny_trainer(tmp_path).train(resume_from_checkpoint=True)
 
 
 def test_a_rolled_back_run_sets_newer_folders_aside(tmp_path: Path) -> None:
     first = _tiny_trainer(tmp_path, max_steps=8)
-    first.train()  # type: ignore[attr-defined]
+    first.train()
     again = _tiny_trainer(tmp_path, max_steps=8)
-    resumed = again.train  # type: ignore[attr-defined]
+    resumed = again.train
     with pytest.warns(sk.StatekeeperWarning, match=r"abandoned\.checkpoint-6\."):
         resumed(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     names = sorted(os.listdir(tmp_path))
@@ -313,7 +320,7 @@ def test_a_rolled_back_run_sets_newer_folders_aside(tmp_path: Path) -> None:
         "checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-8"
     ]  # fmt: skip
     assert len([n for n in names if n.startswith("abandoned.")]) == 2  # 6, 8 of the first
-    assert again._sk_loaded is not None and not again._sk_loaded.state  # type: ignore[attr-defined]
+    assert again._sk_loaded is not None and not again._sk_loaded.state
 
 
 def test_save_total_limit_counts_the_best_folder(tmp_path: Path) -> None:
@@ -322,8 +329,8 @@ def test_save_total_limit_counts_the_best_folder(tmp_path: Path) -> None:
         metric_for_best_model="loss", greater_is_better=True, save_total_limit=2,
         learning_rate=5e-3,
     )  # fmt: skip
-    trainer.train()  # type: ignore[attr-defined]
-    best = Path(trainer.state.best_model_checkpoint)  # type: ignore[attr-defined]
+    trainer.train()
+    best = Path(trainer.state.best_model_checkpoint)
     kept = sorted(hf_layout.checkpoints(tmp_path))
     assert len(kept) == 2 and kept[-1] == 10 and best.name in {f"checkpoint-{s}" for s in kept}
 
@@ -340,7 +347,7 @@ def test_the_trainers_own_end_of_run_deletions_rename_folders_aside(
 
     def recording(path: object, *args: object, **kwargs: object) -> None:
         deleted.append(Path(str(path)).name)
-        real(path, *args, **kwargs)  # type: ignore[arg-type]
+        real(path, *args, **kwargs)
 
     monkeypatch.setattr(shutil, "rmtree", recording)
     trainer = _tiny_trainer(
@@ -348,7 +355,7 @@ def test_the_trainers_own_end_of_run_deletions_rename_folders_aside(
         metric_for_best_model="loss", greater_is_better=True, save_total_limit=1,
         learning_rate=5e-3,
     )  # fmt: skip
-    trainer.train()  # type: ignore[attr-defined]
+    trainer.train()
     assert any(".removing-" in name for name in deleted)
     assert not [
         n
@@ -361,15 +368,15 @@ def test_a_retried_training_loop_loads_the_optimizer_again(tmp_path: Path) -> No
     """auto_find_batch_size retries the training loop, which loads the optimizer again:
     it gets the saved state again, never a fresh optimizer."""
     first = _tiny_trainer(tmp_path)
-    first.train()  # type: ignore[attr-defined]
+    first.train()
     again = _tiny_trainer(tmp_path)
     folder = str(tmp_path / "checkpoint-4")
-    again._load_from_checkpoint(folder)  # type: ignore[attr-defined]
-    again.create_optimizer_and_scheduler(num_training_steps=6)  # type: ignore[attr-defined]
-    again._load_optimizer_and_scheduler(folder)  # type: ignore[attr-defined]
-    again.optimizer.state.clear()  # type: ignore[attr-defined]  # a retry builds anew
-    again._load_optimizer_and_scheduler(folder)  # type: ignore[attr-defined]
-    assert len(again.optimizer.state) > 0  # type: ignore[attr-defined]
+    again._load_from_checkpoint(folder)
+    again.create_optimizer_and_scheduler(num_training_steps=6)
+    again._load_optimizer_and_scheduler(folder)
+    again.optimizer.state.clear()  # a retry builds anew
+    again._load_optimizer_and_scheduler(folder)
+    assert len(again.optimizer.state) > 0
 
 
 @pytest.mark.xdist_group("gloo")
@@ -412,8 +419,8 @@ def test_an_unseedable_sampler_warns_at_train_start_and_saves_no_loader(tmp_path
         tmp_path, max_steps=2, accelerator_config={"use_seedable_sampler": False}
     )
     with pytest.warns(sk.StatekeeperWarning, match="use_seedable_sampler"):
-        trainer.train()  # type: ignore[attr-defined]
+        trainer.train()
     assert "loader" not in sk.read(tmp_path / "checkpoint-2")
     seeded = _tiny_trainer(tmp_path / "seeded", max_steps=2)
-    seeded.train()  # type: ignore[attr-defined]
+    seeded.train()
     assert "loader" in sk.read(tmp_path / "seeded" / "checkpoint-2")

@@ -86,7 +86,8 @@ def dcp_folder(folder: Path, state: dict[str, Any]) -> Path:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
-        dcp.save(state, checkpoint_id=str(folder))
+        # (typing) re-exported by torch without __all__
+        dcp.save(state, checkpoint_id=str(folder))  # type: ignore[attr-defined]
     return folder
 
 
@@ -200,7 +201,8 @@ def _claiming_pickle(numel: int, stride: int, storage_numel: int, legacy: bool) 
 
     class Tensor:
         def __reduce__(self) -> tuple[Any, ...]:
-            args = (ref, 0, (numel,), (stride,), False, collections.OrderedDict())
+            metadata: collections.OrderedDict[str, Any] = collections.OrderedDict()
+            args = (ref, 0, (numel,), (stride,), False, metadata)
             return (torch._utils._rebuild_tensor_v2, args)
 
     class Pickler(pickle.Pickler):

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 from safetensors import safe_open
-from tests.conftest import assert_state_equal
 from tests.interop import formats
 
 import statekeeper as sk
+from statekeeper.testing import assert_state_equal
 
 
 def _round_trip(source: Path, out: Path, **options: Any) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def test_weights_only_formats_go_under_model(tmp_path: Path) -> None:
         assert_state_equal(sk.read(tmp_path / f"run{n}"), {"model": weights})
         model = formats.Net()
         sk.load(tmp_path / f"run{n}", {"model": model})
-        assert_state_equal(model.state_dict(), weights)
+        assert_state_equal(dict(model.state_dict()), weights)
 
 
 def test_dcp_to_statekeeper(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 from safetensors import safe_open
-from tests.conftest import assert_state_equal
 from tests.interop import formats
 
 import statekeeper as sk
+from statekeeper.testing import assert_state_equal
 
 
 def _header(path: Path) -> tuple[set[str], dict[str, str]]:

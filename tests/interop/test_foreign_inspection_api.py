@@ -31,7 +31,7 @@ def test_inspect_of_a_torch_file_is_a_foreign_report_with_ties_and_values(tmp_pa
     assert [(v.key, v.type, v.value) for v in report.values] == [("epoch", "int", "5")]
     assert [(f.name, f.bytes) for f in report.files] == [("lm.pt", path.stat().st_size)]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        report.format = "safetensors"  # type: ignore[misc]
+        report.format = "safetensors"
 
 
 def test_inspect_of_safetensors_and_foreign_folders(tmp_path: Path) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests.conftest import assert_state_equal
 from tests.interop import formats
 
 import statekeeper as sk
 from statekeeper.interop.detect import Format, detect
+from statekeeper.testing import assert_state_equal
 
 
 def test_torch_zip_and_legacy_files(tmp_path: Path) -> None:

@@ -272,7 +272,7 @@ def test_a_modules_own_rule_replaces_the_generic_one_and_may_call_it() -> None:
         "0", "1", "3"
     ]  # fmt: skip
     with pytest.raises(sk.InvalidArgumentError, match="register_clear_rule"):
-        sk.register_clear_rule("Caching", calls.append)  # type: ignore[arg-type]
+        sk.register_clear_rule("Caching", calls.append)
 
     class Static(torch.nn.Module):
         statekeeper_clear_state = staticmethod(lambda: None)
@@ -407,9 +407,9 @@ def test_like_finds_what_a_no_grad_forward_left_and_restores_init_values() -> No
 def test_activations_kept_by_a_hook_are_freed() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     model.seen = []  # type: ignore[assignment]
-    model[0].register_forward_hook(lambda m, i, o: model.seen.append(o))  # type: ignore[union-attr]
+    model[0].register_forward_hook(lambda m, i, o: model.seen.append(o))
     outs = [model(torch.randn(2, 4)) for _ in range(2)]
-    first = model.seen[0]  # type: ignore[index]
+    first = model.seen[0]
     report = sk.ClearReport()
     sk.clear_state(model, report=report)
     assert model.seen == [] and first.numel() == 0 and outs[0].shape == (2, 4)

@@ -303,7 +303,7 @@ def test_like_leaves_filled_tables_cast_constants_and_weight_norm_alone() -> Non
 
         def _apply(self, fn: Any, recurse: bool = True) -> Features:
             self.proj = fn(self.proj)  # the constant follows the model's dtype
-            return super()._apply(fn, recurse)  # type: ignore[return-value]
+            return super()._apply(fn, recurse)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc(x @ self.proj)

@@ -12,11 +12,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.helpers.orders import key_orders
 
 from statekeeper.errors import UnsupportedValueError
 from statekeeper.format.values import encode_value
 from statekeeper.format.values_decode import decode_value
 from statekeeper.state.tree import flatten, unflatten
+from statekeeper.testing import first_difference
 
 floats = st.floats(allow_nan=True, allow_infinity=True)
 scalars = st.one_of(
@@ -60,24 +62,8 @@ def _trees(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equality that also compares types, tensor dtypes and nan."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, float | np.floating) and math.isnan(a):
-        return bool(math.isnan(b))
-    if isinstance(a, complex):
-        return repr(a) == repr(b)
-    if isinstance(a, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, np.generic):
-        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    if isinstance(a, float):
-        return repr(a) == repr(b)  # tells 0.0 from -0.0
-    return bool(a == b)
+    """statekeeper.testing's comparison (types, dtypes, bits, NaN) and the same key orders."""
+    return first_difference(a, b) is None and list(key_orders(a)) == list(key_orders(b))
 
 
 def _no_tensor(path: str, value: Any) -> Any:

@@ -41,10 +41,10 @@ def _sign_flipped(t: torch.Tensor) -> torch.Tensor:
 def test_criterion_is_validated_on_construction() -> None:
     assert Criterion() == BITWISE and BITWISE.match is Match.BITWISE
     assert Criterion(Match.ALLCLOSE, rtol=0, atol=0) == NUMERIC
-    assert Criterion("allclose", rtol=1).match is Match.ALLCLOSE  # type: ignore[arg-type]
+    assert Criterion("allclose", rtol=1).match is Match.ALLCLOSE
     assert Criterion(Match.ALLCLOSE, rtol=1).rtol == 1.0
     with pytest.raises(InvalidArgumentError, match="expected one of bitwise, allclose"):
-        Criterion("close")  # type: ignore[arg-type]
+        Criterion("close")
     for bad in (-1.0, math.inf, NAN):
         with pytest.raises(InvalidArgumentError, match="finite and >= 0"):
             Criterion(Match.ALLCLOSE, atol=bad)
@@ -53,7 +53,7 @@ def test_criterion_is_validated_on_construction() -> None:
     with pytest.raises(InvalidArgumentError, match=r"Match\.ALLCLOSE only"):
         Criterion(Match.BITWISE, atol=1e-3)
     with pytest.raises(AttributeError):
-        BITWISE.match = Match.ALLCLOSE  # type: ignore[misc]
+        BITWISE.match = Match.ALLCLOSE
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])

@@ -84,7 +84,7 @@ def test_on_optimizer_change_must_be_the_enum(tmp_path: Path) -> None:
     run = _saved(tmp_path)
     model, opt = _trained(torch.optim.AdamW)
     with pytest.raises(sk.InvalidArgumentError, match="OptimizerChange"):
-        sk.load(run, {"model": model, "opt": opt}, on_optimizer_change="restart")  # type: ignore[arg-type]
+        sk.load(run, {"model": model, "opt": opt}, on_optimizer_change="restart")
 
 
 def test_a_class_from_the_training_script_matches_when_imported_later(tmp_path: Path) -> None:

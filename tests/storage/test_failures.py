@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import assert_state_equal, trained
+from tests.conftest import trained
 
 import statekeeper as sk
 from statekeeper.storage.memory import MemoryStorage
+from statekeeper.testing import assert_state_equal
 
 
 def _state(seed: int) -> dict[str, object]:

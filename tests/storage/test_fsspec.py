@@ -9,11 +9,12 @@ from typing import Any
 import fsspec
 import pytest
 import torch
-from tests.conftest import assert_state_equal, trained
+from tests.conftest import trained
 
 import statekeeper as sk
 from statekeeper.cli.main import main as cli
 from statekeeper.storage.fsspec import INCOMPLETE
+from statekeeper.testing import assert_state_equal
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from statekeeper.checkpoint.listing import list_checkpoints
 from statekeeper.checkpoint.location import committed
+from statekeeper.checkpoint.points import Point, reach
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import StatekeeperWarning, StorageError, user_stacklevel
 from statekeeper.storage.base import Storage
@@ -75,6 +76,7 @@ def _remove_all(
 ) -> tuple[list[int], dict[int, str]]:
     deleted, failed = [], {}
     for step, entry in doomed:
+        reach(Point.REMOVING)
         try:
             storage.remove(entry)
         except (StorageError, OSError) as exc:

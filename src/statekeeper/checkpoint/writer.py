@@ -20,6 +20,7 @@ from statekeeper.checkpoint.location import committed, validate_step
 from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.options import Provenance, SaveOptions
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
+from statekeeper.checkpoint.points import Point, reach
 from statekeeper.errors import (
     InvalidArgumentError,
     StatekeeperError,
@@ -213,6 +214,7 @@ def commit(
     txn: Transaction | None = None
     try:
         txn = storage.begin(entry, replace=exists)
+        reach(Point.BEGUN)
         mode = options.incremental
         previous = (
             None
@@ -232,6 +234,8 @@ def commit(
             for n, t in members.items():
                 dtype = names.get(t.dtype) or names.setdefault(t.dtype, dtype_name(t.dtype))
                 tensors[n] = TensorRecord(file, dtype, tuple(t.shape))
+            reach(Point.SHARD_WRITTEN)
+        reach(Point.TENSORS_WRITTEN)
         provenance = options.provenance_now()
         manifest = Manifest(
             step=step,
@@ -247,6 +251,7 @@ def commit(
         )
         manifest_bytes = manifest.to_bytes()
         txn.write(MANIFEST, manifest_bytes)
+        reach(Point.MANIFEST_WRITTEN)
         txn.commit()
     except OSError as exc:  # out of space, I/O error, ...: nothing committed, nothing touched
         if txn is not None:
@@ -258,6 +263,7 @@ def commit(
         if txn is not None:
             txn.abort()
         raise
+    reach(Point.COMMITTED)
     reuser.committed(entry, files, {file: tuple(members) for file, members, _ in planned})
     return CheckpointInfo.from_manifest(storage.describe(entry), manifest, len(manifest_bytes))
 

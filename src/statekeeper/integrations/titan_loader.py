@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.held import LoaderState

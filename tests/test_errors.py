@@ -13,15 +13,23 @@ from statekeeper.errors import error_class, error_kinds
 @pytest.mark.parametrize(
     ("error", "kind", "builtin"),
     [
-        (sk.CorruptCheckpointError("p", "x"), sk.CheckpointUnreadableError, ValueError),
-        (sk.UnsupportedFormatError("p", 9, [1]), sk.CheckpointUnreadableError, ValueError),
-        (sk.UnsafePickleError("p", ["os.system"]), sk.CheckpointUnreadableError, ValueError),
-        (sk.KeyMismatchError(["a"]), sk.StateMismatchError, KeyError),
-        (sk.LoadStateError("x"), sk.StateMismatchError, RuntimeError),
-        (sk.StepNotFoundError("x"), sk.LocationError, FileNotFoundError),
-        (sk.StepExistsError("x", path="p"), sk.LocationError, FileExistsError),
-        (sk.WriterConflictError("x"), sk.LocationError, BlockingIOError),
-        (sk.StorageError(errno.ENOSPC, "full"), sk.LocationError, OSError),
+        (sk.CorruptCheckpointError("p", "x"), sk.errors.CheckpointUnreadableError, ValueError),
+        (
+            sk.errors.UnsupportedFormatError("p", 9, [1]),
+            sk.errors.CheckpointUnreadableError,
+            ValueError,
+        ),
+        (
+            sk.errors.UnsafePickleError("p", ["os.system"]),
+            sk.errors.CheckpointUnreadableError,
+            ValueError,
+        ),
+        (sk.KeyMismatchError(["a"]), sk.errors.StateMismatchError, KeyError),
+        (sk.errors.LoadStateError("x"), sk.errors.StateMismatchError, RuntimeError),
+        (sk.StepNotFoundError("x"), sk.errors.LocationError, FileNotFoundError),
+        (sk.errors.StepExistsError("x", path="p"), sk.errors.LocationError, FileExistsError),
+        (sk.errors.WriterConflictError("x"), sk.errors.LocationError, BlockingIOError),
+        (sk.errors.StorageError(errno.ENOSPC, "full"), sk.errors.LocationError, OSError),
     ],
 )
 def test_every_error_has_a_kind_and_a_builtin(
@@ -34,11 +42,11 @@ def test_every_error_has_a_kind_and_a_builtin(
 
 def test_error_class_knows_only_statekeeper_errors() -> None:
     assert error_class("ValueError") is None and error_class("nope") is None
-    assert sk.StorageError(errno.ENOSPC, "full").errno == errno.ENOSPC
+    assert sk.errors.StorageError(errno.ENOSPC, "full").errno == errno.ENOSPC
 
 
 def test_rank_failure_names_and_types_its_causes() -> None:
-    failure = sk.RankFailure("rank 1 failed", ["CorruptCheckpointError", "KeyError"])
+    failure = sk.errors.RankFailure("rank 1 failed", ["CorruptCheckpointError", "KeyError"])
     assert failure.causes == (sk.CorruptCheckpointError, None)
     assert error_kinds(failure) == ("CorruptCheckpointError", "KeyError")
     assert error_kinds(sk.StepNotFoundError("gone")) == ("StepNotFoundError",)

@@ -38,7 +38,7 @@ def test_the_staging_copy_is_freed_once_written(fails: bool) -> None:
         storage.fail_at = storage.operations + 3
     pending = sk.save(storage, {"x": x}, step=1, blocking=False)
     if fails:
-        with pytest.raises(sk.InjectedFailure) as caught:
+        with pytest.raises(sk.storage.InjectedFailure) as caught:
             pending.wait()
         assert caught.value.__traceback__ is not None  # the traceback is kept for the user
     else:
@@ -52,7 +52,7 @@ def test_an_unreported_failure_is_raised_by_the_next_save_there() -> None:
     storage = MemoryStorage(name="memory://unreported")
     storage.fail_at = storage.operations + 3
     sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)._done.wait()
-    with pytest.raises(sk.InjectedFailure):
+    with pytest.raises(sk.storage.InjectedFailure):
         sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False)
     sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False).wait()
     assert [c.step for c in sk.list_checkpoints(storage)] == [2]

@@ -21,7 +21,7 @@ import torch
 import xxhash
 
 import statekeeper
-from statekeeper import CorruptCheckpointError, UnsupportedFormatError
+from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
 from statekeeper.format.checksum import checksum
 from statekeeper.format.manifest import FileRecord, Manifest
 

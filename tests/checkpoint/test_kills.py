@@ -49,9 +49,9 @@ def test_sigkill_at_random_instants_always_leaves_the_newest_committed_step_load
         newest = infos[-1]
         assert newest.error is None, f"kill {kill}: {newest.error}"
         assert_state_equal(sk.read(tmp_path), state_for(newest.step))
-        partial_seen += len(sk.list_partial(tmp_path))
-        sk.remove_partial(tmp_path)  # the dead writer's lock is gone with it
-        assert sk.list_partial(tmp_path) == []
+        partial_seen += len(sk.audit.list_partial(tmp_path))
+        sk.audit.remove_partial(tmp_path)  # the dead writer's lock is gone with it
+        assert sk.audit.list_partial(tmp_path) == []
         next_step = newest.step + 1
     steps = [i.step for i in sk.list_checkpoints(tmp_path)]
     assert steps == list(range(len(steps)))

@@ -118,7 +118,8 @@ class RestoreOptions:
             )
         if not isinstance(self.change, OptimizerChange):
             raise InvalidArgumentTypeError(
-                f"on_optimizer_change must be a statekeeper.OptimizerChange, got {self.change!r}"
+                "on_optimizer_change must be a statekeeper.training.OptimizerChange, "
+                f"got {self.change!r}"
             )
         require_callable("progress", self.progress, "progress(done, total)")
 

@@ -36,7 +36,7 @@ class LoaderPosition:
                         "iterator keeps no state: a restore draws a different permutation",
                         "use shuffle=True with generator=torch.Generator().manual_seed(...), "
                         "torchdata's stateful_dataloader.sampler.RandomSampler, or "
-                        "statekeeper.ResumableSampler",
+                        "statekeeper.data.ResumableSampler",
                     )  # fmt: skip
             elif obj is loader:
                 resumable = isinstance(sampler, ResumableSampler)
@@ -45,6 +45,6 @@ class LoaderPosition:
                     "a plain DataLoader has no state: a resumed run starts its epoch over"
                     + (" (its ResumableSampler runs ahead of the loop by the prefetched batches)"
                        if resumable else ""),
-                    "wrap it: statekeeper.ResumableLoader(DataLoader(..., "
-                    "sampler=statekeeper.ResumableSampler(dataset, seed=...)))",
+                    "wrap it: statekeeper.data.ResumableLoader(DataLoader(..., "
+                    "sampler=statekeeper.data.ResumableSampler(dataset, seed=...)))",
                 )  # fmt: skip

@@ -89,9 +89,8 @@ class TransientFix:
         if any(c.declarations["statekeeper_batch_state"] for c in self.classes):
             return (
                 "statekeeper.clearing.clear_state(\n"
-                "    model,\n"
-                "    include=statekeeper.clearing.ClearInclude.BATCH_STATE,\n"
-                "    like=fresh_model,\n"
+                "    model, include=statekeeper.clearing.ClearInclude.BATCH_STATE, "
+                "like=fresh_model\n"
                 ")  # fresh_model: built as the model was"
             )
         return "statekeeper.clearing.clear_state(model)"

@@ -2,7 +2,7 @@
 """Write each public module's ``__all__`` (and a lazy module's ``_EXPORTS`` table) from its
 imports, so that the public API is written once: as imports, which type checkers read.
 
-A *lazy* module (the package root, ``statekeeper.interop``) lists its public names as
+A *lazy* module (the package root) lists its public names as
 imports inside ``if TYPE_CHECKING:`` and loads them on first use from ``_EXPORTS``; an
 *eager* one (``statekeeper.storage``, ``statekeeper.clearing``, ...) imports them, each as
 ``from module import Name as Name``. Either way, the block between the ``# <generated``
@@ -28,9 +28,9 @@ MODULES = [
     "audit.py",
     "averaging/__init__.py",
     "clearing/__init__.py",
+    "conversion.py",
     "data/__init__.py",
     "distributed/__init__.py",
-    "interop/__init__.py",
     "storage/__init__.py",
     "training.py",
 ]

@@ -3,9 +3,9 @@ never sideways, not even inside a function), and no two modules import each othe
 
     errors, progress, extensions  <  {storage, arguments}  <  format  <  state  <
     {checkpoint, clearing}  <  distributed  <  {averaging, interop, data}  <
-    {doctor, integrations, audit, training}  <  testing  <  cli  <  __main__
+    {doctor, integrations, audit, training, conversion}  <  testing  <  cli  <  __main__
 
-``audit`` and ``training`` are namespaces of the public API (``sk.audit``, ``sk.training``)
+``audit``, ``training`` and ``conversion`` are namespaces of the public API (``sk.audit``, ...)
 that re-export lower layers; nothing in the package imports them.
 
 The package root (``statekeeper/__init__.py``) is the one exception: it is the public facade
@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "integrations": 7,
     "audit": 7,  # the sk.audit namespace: checkpoint and interop re-exported
     "training": 7,  # the sk.training namespace
+    "conversion": 7,  # the sk.conversion namespace
     "testing": 8,
     "cli": 9,
     "__main__": 10,  # `python -m statekeeper`: the command line, above cli

@@ -47,8 +47,9 @@ NAMESPACES = {
     },
     "audit": {
         "inspect", "verify", "list_partial", "remove_partial", "StepReport", "StepVerification",
-        "VerifyReport", "ForeignReport",
+        "VerifyReport", "ForeignReport", "diff", "DiffResult", "TiedKeys",
     },
+    "conversion": {"convert", "export"},
     "clearing": {
         "clear_state", "register_clear_rule", "ClearReport", "Cleared", "ClearAction",
         "ClearMode", "ClearInclude",
@@ -67,7 +68,6 @@ NAMESPACES = {
         "Storage", "SharedStorage", "Transaction", "LocalStorage", "MemoryStorage",
         "InjectedFailure", "FsspecStorage",
     },
-    "interop": {"diff", "DiffResult", "convert", "export", "TiedKeys"},
     "testing": {
         "Run", "assert_resumes_exactly", "assert_checkpoint_safe", "assert_state_equal",
         "first_difference",
@@ -94,6 +94,22 @@ def test_each_namespace_is_a_module_with_its_own_all() -> None:
         for public in namespace.__all__:
             assert hasattr(namespace, public), f"sk.{name}.{public}"
     assert set(sk.__dir__()) >= ROOT | set(NAMESPACES)
+
+
+def test_a_namespace_name_stays_itself_when_a_module_of_that_name_is_imported() -> None:
+    """``statekeeper.interop.diff`` is a module and ``sk.audit.diff`` a function: importing
+    the module (the CLI does) must not change what a namespace hands out."""
+    import statekeeper.doctor.run
+    import statekeeper.interop.convert
+    import statekeeper.interop.diff
+    import statekeeper.interop.export
+
+    assert isinstance(statekeeper.interop.diff, types.ModuleType)
+    for name in NAMESPACES:
+        namespace = getattr(sk, name)
+        for public in namespace.__all__:
+            assert not isinstance(getattr(namespace, public), types.ModuleType), (name, public)
+    assert callable(sk.audit.diff) and callable(sk.conversion.convert) and callable(sk.doctor.run)
 
 
 def test_public_names_not_in_all_are_modules_only() -> None:
@@ -147,9 +163,9 @@ def test_import_statekeeper_loads_no_namespace_and_no_torch() -> None:
         "import sys, statekeeper as sk\n"
         "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith("
         "('statekeeper.clearing', 'statekeeper.averaging', 'statekeeper.audit', "
-        "'statekeeper.training', 'statekeeper.interop', 'statekeeper.testing')))\n"
+        "'statekeeper.training', 'statekeeper.conversion', 'statekeeper.testing')))\n"
         "assert not loaded, loaded\n"
-        "sk.interop, sk.storage.LocalStorage, sk.errors.MirrorError\n"
+        "sk.storage.LocalStorage, sk.errors.MirrorError\n"
         "assert 'torch' not in sys.modules\n"
         "sk.clearing.clear_state\n"
         "assert 'torch' in sys.modules\n"
@@ -179,7 +195,8 @@ def test_type_checkers_see_every_root_and_namespace_name(tmp_path: Path) -> None
         "loader = sk.data.ResumableLoader\n"
         "verified: sk.audit.VerifyReport = sk.audit.verify('run')\n"
         "ema = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.99))\n"
-        "tied = sk.interop.TiedKeys\n"
+        "tied = sk.audit.TiedKeys\n"
+        "export = sk.conversion.export\n"
         "problems = sk.doctor.run\n"
     )
     bad = tmp_path / "bad.py"

@@ -23,11 +23,11 @@ if _typing.TYPE_CHECKING:
     from statekeeper import audit as audit
     from statekeeper import averaging as averaging
     from statekeeper import clearing as clearing
+    from statekeeper import conversion as conversion
     from statekeeper import data as data
     from statekeeper import distributed as distributed
     from statekeeper import doctor as doctor
     from statekeeper import errors as errors
-    from statekeeper import interop as interop
     from statekeeper import storage as storage
     from statekeeper import testing as testing
     from statekeeper import training as training
@@ -94,11 +94,11 @@ _NAMESPACES = (
     "audit",
     "averaging",
     "clearing",
+    "conversion",
     "data",
     "distributed",
     "doctor",
     "errors",
-    "interop",
     "storage",
     "testing",
     "training",

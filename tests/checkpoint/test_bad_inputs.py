@@ -110,7 +110,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("overwrite", "True or False"),
     ),
     "convert overwrite='yes'": (
-        lambda t: sk.interop.convert(_saved(t), t / "o", overwrite="yes"),
+        lambda t: sk.conversion.convert(_saved(t), t / "o", overwrite="yes"),
         ("overwrite", "True or False"),
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
@@ -163,7 +163,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("mirror", "statekeeper.Mirror("),
     ),
     "export overwrite='no'": (
-        lambda t: sk.interop.export(_saved(t), t / "o.safetensors", overwrite="no"),
+        lambda t: sk.conversion.export(_saved(t), t / "o.safetensors", overwrite="no"),
         ("overwrite", "True or False"),
     ),
 }

@@ -74,10 +74,10 @@ def test_existing_safetensors_file_is_not_replaced_without_overwrite(
     assert str(out) in result.stderr and "--overwrite" in result.stderr
     assert out.read_bytes() == b"precious"
     with pytest.raises(sk.errors.StepExistsError, match="already exists") as info:
-        sk.interop.convert(source, out)
+        sk.conversion.convert(source, out)
     assert isinstance(info.value, FileExistsError)
     assert out.read_bytes() == b"precious"
     assert invoke("convert", source, out, "--overwrite").exit_code == 0
     assert_state_equal(sk.read(out), formats.weights())
-    sk.interop.convert(source, out, overwrite=True)
+    sk.conversion.convert(source, out, overwrite=True)
     assert_state_equal(sk.read(out), formats.weights())

@@ -167,9 +167,9 @@ def test_read_refuses(crafted: Path) -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda run, out: sk.interop.diff(run, run),
-        lambda run, out: sk.interop.convert(run, out / "flat.safetensors"),
-        lambda run, out: sk.interop.export(run, out / "weights.safetensors"),
+        lambda run, out: sk.audit.diff(run, run),
+        lambda run, out: sk.conversion.convert(run, out / "flat.safetensors"),
+        lambda run, out: sk.conversion.export(run, out / "weights.safetensors"),
     ],
     ids=["diff", "convert", "export"],
 )

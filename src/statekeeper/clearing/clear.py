@@ -205,7 +205,7 @@ def clear_state(
     report: ClearReport | None = None,
 ) -> M:
     """Free ``module``'s transient tensors (the rules are in this module's docstring);
-    returns ``module``, so ``sk.interop.export(sk.clearing.clear_state(model), ...)`` reads
+    returns ``module``, so ``sk.conversion.export(sk.clearing.clear_state(model), ...)`` reads
     naturally.
 
     ``mode`` (default ``ClearMode.EMPTY``), ``include`` (default

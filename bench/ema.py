@@ -2,7 +2,8 @@
 
 Contenders, each keeping its own averaged copy of the same source model:
 
-- statekeeper: ``sk.AveragedModel(model, rule=sk.EMA(0.999), use_buffers=True)``;
+- statekeeper: ``sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.999),
+  use_buffers=True)``;
 - torch: ``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn(0.999)``,
   ``use_buffers=True``;
 - timm: ``timm.utils.model_ema.ModelEmaV3(model, decay=0.999)`` (when timm is usable);
@@ -159,7 +160,7 @@ def make_contenders(
     """The contenders, and the extra source tensors to perturb between rounds (the floor's)."""
     contenders: list[Contender] = []
 
-    ska = sk.AveragedModel(model, rule=sk.EMA(DECAY), use_buffers=True)
+    ska = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(DECAY), use_buffers=True)
     contenders.append(
         Contender(
             "statekeeper",

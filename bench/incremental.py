@@ -251,12 +251,12 @@ def mirror_rows(args: argparse.Namespace) -> dict[str, Any]:
         model, opt = build(args.mirror_base_mib, args.adapter_mib)
         state = {"model": model, "optim": opt}
         keep = sk.KeepLatest(2)
-        mirror = sk.Mirror(sk.FsspecStorage("s3://mirror/run", **options), keep=keep)
+        mirror = sk.Mirror(sk.storage.FsspecStorage("s3://mirror/run", **options), keep=keep)
         ckpts = {
             "local": sk.Checkpointer(root / "local", keep=keep),
             "local + mirror": sk.Checkpointer(root / "tiered", keep=keep, mirror=mirror),
             "direct to S3": sk.Checkpointer(
-                sk.FsspecStorage("s3://direct/run", **options), keep=keep
+                sk.storage.FsspecStorage("s3://direct/run", **options), keep=keep
             ),
         }
         times: dict[str, list[float]] = {n: [] for n in ckpts}

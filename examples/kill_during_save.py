@@ -94,7 +94,7 @@ def main() -> int:
         f"\nloaded step {restored.step} (the newest committed one) into a fresh model: "
         f"{'bitwise identical' if same else 'DIFFERENT'} to the model that saved it"
     )
-    removed = sk.remove_partial(RUN_DIR)
+    removed = sk.audit.remove_partial(RUN_DIR)
     print(f"removed the interrupted save: {', '.join(removed) or 'nothing'}")
     return 0 if same and restored.step == 200 else 1
 

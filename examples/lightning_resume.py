@@ -1,7 +1,7 @@
 """statekeeper with the Lightning Trainer: a run SIGKILLed mid-epoch resumes bitwise.
 
 The model trains for 3 epochs on a shuffling ``StatefulDataLoader`` with two worker
-processes whose dataset augments at random (wrapped in ``statekeeper.WorkerRNGDataset``).
+processes whose dataset augments at random (wrapped in ``statekeeper.data.WorkerRNGDataset``).
 Three processes run it: one uninterrupted; one saving every 4 steps and SIGKILLed after
 step 9 (mid-epoch 1); one that resumes with ``ckpt_path="last"`` and finishes. The final
 weights of the first and the third are compared bit for bit, and the resumed model is
@@ -72,7 +72,7 @@ class KillAfter(Callback):
 def train(where: str, kill: int, out: str) -> None:
     pl.seed_everything(0, verbose=False)
     loader = StatefulDataLoader(
-        sk.WorkerRNGDataset(Jittered()), batch_size=8, shuffle=True, num_workers=2
+        sk.data.WorkerRNGDataset(Jittered()), batch_size=8, shuffle=True, num_workers=2
     )
     callbacks: list[Callback] = [
         StatekeeperCallback(),

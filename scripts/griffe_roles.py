@@ -168,6 +168,9 @@ class SphinxRoles(griffe.Extension):
                     public[found.final_target.path if found.is_alias else found.path] = identifier
                 except Exception:  # a directive griffe cannot follow: mkdocstrings says so
                     continue
+        by_name: dict[str, str] = {}  # a documented name's last part -> its identifier
+        for identifier in sorted(public.values(), key=len):
+            by_name.setdefault(identifier.rsplit(".", 1)[-1], identifier)
         _inherit_docstrings(pkg)
 
         def lookup(path: str) -> griffe.Object | None:
@@ -223,7 +226,13 @@ class SphinxRoles(griffe.Extension):
             if full is None:
                 if text.split(".", 1)[0] in _EXTERNAL:
                     return shown
-                full = f"statekeeper.{text}"
+                # a name the docstring's module does not import: the documented public
+                # object of that name, wherever its namespace is (sk.storage.Storage...)
+                first, _, rest = text.partition(".")
+                home = by_name.get(first)
+                full = (
+                    f"statekeeper.{text}" if home is None else ".".join(filter(None, (home, rest)))
+                )
             if not full.startswith("statekeeper."):
                 return shown  # another project's name
             found = lookup(full)

@@ -66,8 +66,8 @@ opt = optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
 scaler = torch.amp.GradScaler("cpu")
 dataset = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
-loader = sk.ResumableLoader(DataLoader(dataset, batch_size=4,
-                                       sampler=sk.ResumableSampler(dataset, seed=0)))
+loader = sk.data.ResumableLoader(DataLoader(dataset, batch_size=4,
+                                       sampler=sk.data.ResumableSampler(dataset, seed=0)))
 batches = iter(loader)
 
 def next_batch():

@@ -20,16 +20,24 @@ from statekeeper.errors import error_class, error_kinds
 @pytest.mark.parametrize(
     ("error", "kind", "builtin"),
     [
-        (sk.CorruptCheckpointError("p", "x"), sk.CheckpointUnreadableError, ValueError),
-        (sk.UnsupportedFormatError("p", 9, [1]), sk.CheckpointUnreadableError, ValueError),
-        (sk.UnsafePickleError("p", ["os.system"]), sk.CheckpointUnreadableError, ValueError),
-        (sk.KeyMismatchError(["a"]), sk.StateMismatchError, KeyError),
-        (sk.LoadStateError("x"), sk.StateMismatchError, RuntimeError),
-        (sk.StepNotFoundError("x"), sk.LocationError, FileNotFoundError),
-        (sk.StepExistsError("x", path="p"), sk.LocationError, FileExistsError),
-        (sk.OutputExistsError("x", path="p"), sk.LocationError, FileExistsError),
-        (sk.WriterConflictError("x"), sk.LocationError, BlockingIOError),
-        (sk.StorageError(errno.ENOSPC, "full"), sk.LocationError, OSError),
+        (sk.CorruptCheckpointError("p", "x"), sk.errors.CheckpointUnreadableError, ValueError),
+        (
+            sk.errors.UnsupportedFormatError("p", 9, [1]),
+            sk.errors.CheckpointUnreadableError,
+            ValueError,
+        ),
+        (
+            sk.errors.UnsafePickleError("p", ["os.system"]),
+            sk.errors.CheckpointUnreadableError,
+            ValueError,
+        ),
+        (sk.KeyMismatchError(["a"]), sk.errors.StateMismatchError, KeyError),
+        (sk.errors.LoadStateError("x"), sk.errors.StateMismatchError, RuntimeError),
+        (sk.StepNotFoundError("x"), sk.errors.LocationError, FileNotFoundError),
+        (sk.errors.StepExistsError("x", path="p"), sk.errors.LocationError, FileExistsError),
+        (sk.errors.OutputExistsError("x", path="p"), sk.errors.LocationError, FileExistsError),
+        (sk.errors.WriterConflictError("x"), sk.errors.LocationError, BlockingIOError),
+        (sk.errors.StorageError(errno.ENOSPC, "full"), sk.errors.LocationError, OSError),
     ],
 )
 def test_every_error_has_a_kind_and_a_builtin(
@@ -42,11 +50,11 @@ def test_every_error_has_a_kind_and_a_builtin(
 
 def test_error_class_knows_only_statekeeper_errors() -> None:
     assert error_class("ValueError") is None and error_class("nope") is None
-    assert sk.StorageError(errno.ENOSPC, "full").errno == errno.ENOSPC
+    assert sk.errors.StorageError(errno.ENOSPC, "full").errno == errno.ENOSPC
 
 
 def test_rank_failure_names_and_types_its_causes() -> None:
-    failure = sk.RankFailure("rank 1 failed", ["CorruptCheckpointError", "KeyError"])
+    failure = sk.errors.RankFailure("rank 1 failed", ["CorruptCheckpointError", "KeyError"])
     assert failure.causes == (sk.CorruptCheckpointError, None)
     assert error_kinds(failure) == ("CorruptCheckpointError", "KeyError")
     assert error_kinds(sk.StepNotFoundError("gone")) == ("StepNotFoundError",)
@@ -144,11 +152,13 @@ def test_the_drawn_tree_is_the_class_hierarchy(where: str) -> None:
 
 
 def test_an_output_that_exists_is_a_file_exists_error() -> None:
-    error = sk.OutputExistsError("/out/w.safetensors: exists", "/out/w.safetensors")
-    assert isinstance(error, FileExistsError) and isinstance(error, sk.LocationError)
-    assert issubclass(sk.StepExistsError, sk.OutputExistsError)  # except OutputExistsError: both
+    error = sk.errors.OutputExistsError("/out/w.safetensors: exists", "/out/w.safetensors")
+    assert isinstance(error, FileExistsError) and isinstance(error, sk.errors.LocationError)
+    assert issubclass(
+        sk.errors.StepExistsError, sk.errors.OutputExistsError
+    )  # except OutputExistsError: both
     back = pickle.loads(pickle.dumps(error))
-    assert type(back) is sk.OutputExistsError and back.path == error.path
+    assert type(back) is sk.errors.OutputExistsError and back.path == error.path
 
 
 # conversion: damage is CorruptCheckpointError from its cause; a bug stays a bug ---------------
@@ -174,9 +184,13 @@ def _foreign(tmp_path: Path) -> Path:
     [
         ("statekeeper.checkpoint.reader.unflatten", _run, sk.read),
         ("statekeeper.format.manifest._tensor_records", _run, sk.read),
-        ("statekeeper.checkpoint.verify.decode_value", _run, sk.verify),
+        ("statekeeper.checkpoint.verify.decode_value", _run, sk.audit.verify),
         ("statekeeper.interop.safetensors_files.parse", _foreign, sk.read),
-        ("statekeeper.averaging.shards.parse", _run, lambda p: sk.average_checkpoints([p], p)),
+        (
+            "statekeeper.averaging.shards.parse",
+            _run,
+            lambda p: sk.averaging.average_checkpoints([p], p),
+        ),
     ],
     ids=["read-state", "manifest", "verify-state", "foreign-safetensors", "average-shard"],
 )

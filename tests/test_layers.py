@@ -1,9 +1,12 @@
 """The layer contract: every import inside the package points down the layer map (never up,
 never sideways, not even inside a function), and no two modules import each other.
 
-    errors, progress, extensions  <  {storage, arguments}  <  format  <  state  <  checkpoint  <
-    distributed  <  {averaging, interop, data}  <  {doctor, integrations}  <  testing  <  cli
-    <  __main__
+    errors, progress, extensions  <  {storage, arguments}  <  format  <  state  <
+    {checkpoint, clearing}  <  distributed  <  {averaging, interop, data}  <
+    {doctor, integrations, audit, training, conversion}  <  testing  <  cli  <  __main__
+
+``audit``, ``training`` and ``conversion`` are namespaces of the public API (``sk.audit``, ...)
+that re-export lower layers; nothing in the package imports them.
 
 The package root (``statekeeper/__init__.py``) is the one exception: it is the public facade
 above every layer, loads names on first use, and hands the core its extensions.
@@ -30,12 +33,16 @@ LAYERS: dict[str, int] = {
     "state": 3,
     "stateful": 3,
     "checkpoint": 4,
+    "clearing": 4,  # clear_state: over state only, beside the checkpoint pipeline
     "distributed": 5,
     "averaging": 6,
     "interop": 6,
     "data": 6,
     "doctor": 7,
     "integrations": 7,
+    "audit": 7,  # the sk.audit namespace: checkpoint and interop re-exported
+    "training": 7,  # the sk.training namespace
+    "conversion": 7,  # the sk.conversion namespace
     "testing": 8,
     "cli": 9,
     "__main__": 10,  # `python -m statekeeper`: the command line, above cli

@@ -67,10 +67,6 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedValueError",
     "WriterConflictError",
-    "error_class",
-    "error_kinds",
-    "raised_only",
-    "user_stacklevel",
 ]
 
 

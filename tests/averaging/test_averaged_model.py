@@ -1,4 +1,5 @@
-"""statekeeper.AveragedModel against torch's, on what torch gets right and what it gets wrong."""
+"""statekeeper.averaging.AveragedModel against torch's, on what torch gets right and what it
+gets wrong."""
 
 from __future__ import annotations
 
@@ -31,21 +32,25 @@ def _train(model: nn.Module, avgs: list[Any], steps: int = 5) -> None:
             avg.update_parameters(model)
 
 
-def _pairs(kind: str, use_buffers: bool, model: nn.Module) -> tuple[Any, sk.AveragedModel]:
+def _pairs(
+    kind: str, use_buffers: bool, model: nn.Module
+) -> tuple[Any, sk.averaging.AveragedModel]:
     if kind == "ema":
         theirs = T.AveragedModel(
             model, multi_avg_fn=T.get_ema_multi_avg_fn(0.9), use_buffers=use_buffers
         )
-        return theirs, sk.AveragedModel(model, rule=sk.EMA(0.9), use_buffers=use_buffers)
+        return theirs, sk.averaging.AveragedModel(
+            model, rule=sk.averaging.EMA(0.9), use_buffers=use_buffers
+        )
     if kind == "ema-fn":  # the same helper functions, statekeeper's versions
         theirs = T.AveragedModel(
             model, multi_avg_fn=T.get_ema_multi_avg_fn(0.9), use_buffers=use_buffers
         )
-        ours = sk.AveragedModel(
-            model, multi_avg_fn=sk.get_ema_multi_avg_fn(0.9), use_buffers=use_buffers
+        ours = sk.averaging.AveragedModel(
+            model, multi_avg_fn=sk.averaging.get_ema_multi_avg_fn(0.9), use_buffers=use_buffers
         )
         return theirs, ours
-    return T.AveragedModel(model, use_buffers=use_buffers), sk.AveragedModel(
+    return T.AveragedModel(model, use_buffers=use_buffers), sk.averaging.AveragedModel(
         model, use_buffers=use_buffers
     )
 
@@ -88,7 +93,7 @@ def test_a_model_of_another_structure_is_an_error_not_a_truncation() -> None:
     )
     theirs = T.AveragedModel(model)
     theirs.update_parameters(other)  # torch zips and silently drops the extra layer
-    ours = sk.AveragedModel(model)
+    ours = sk.averaging.AveragedModel(model)
     with pytest.raises(sk.KeyMismatchError, match=r"parameter 4\.weight: in the model, not in"):
         ours.update_parameters(other)
     reshaped = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
@@ -107,7 +112,7 @@ class Tied(nn.Module):
 def test_tied_parameters_are_updated_once() -> None:
     torch.manual_seed(0)
     model = Tied()
-    ema = sk.AveragedModel(model, rule=sk.EMA(0.5))
+    ema = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.5))
     with torch.no_grad():
         model.embed.weight.add_(1.0)
     first = model.embed.weight.detach().clone()
@@ -135,14 +140,20 @@ class WithCache(nn.Module):
 
 @pytest.mark.parametrize(
     ("policy", "expected"),
-    [(sk.BufferPolicy.COPY, 3.0), (sk.BufferPolicy.AVERAGE, 2.0), (sk.BufferPolicy.IGNORE, 1.0)],
+    [
+        (sk.averaging.BufferPolicy.COPY, 3.0),
+        (sk.averaging.BufferPolicy.AVERAGE, 2.0),
+        (sk.averaging.BufferPolicy.IGNORE, 1.0),
+    ],
 )
-def test_non_persistent_buffers_follow_the_policy(policy: sk.BufferPolicy, expected: float) -> None:
+def test_non_persistent_buffers_follow_the_policy(
+    policy: sk.averaging.BufferPolicy, expected: float
+) -> None:
     model = WithCache()
-    avg = sk.AveragedModel(model, rule=sk.EMA(0.5), buffers=policy)
+    avg = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.5), buffers=policy)
     model.scale.fill_(3.0)
     avg.update_parameters(model)  # the first update copies averaged tensors
-    if policy is sk.BufferPolicy.AVERAGE:
+    if policy is sk.averaging.BufferPolicy.AVERAGE:
         model.scale.fill_(1.0)
         avg.update_parameters(model)  # 0.5 * 3 + 0.5 * 1
     assert "scale" not in model.state_dict()
@@ -150,12 +161,14 @@ def test_non_persistent_buffers_follow_the_policy(policy: sk.BufferPolicy, expec
 
 
 def test_ema_warmup_update_after_step_and_every() -> None:
-    rule = sk.EMA(0.99, warmup_power=0.5, min_decay=0.1)
+    rule = sk.averaging.EMA(0.99, warmup_power=0.5, min_decay=0.1)
     assert rule.weight(0) == 1.0
     assert 1 - rule.weight(1) == pytest.approx(max(0.1, 1 - 2**-0.5))
     assert 1 - rule.weight(10**8) == pytest.approx(0.99)
     model = nn.Linear(1, 1, bias=False)
-    avg = sk.AveragedModel(model, rule=sk.EMA(0.5, update_after_step=2, every=2))
+    avg = sk.averaging.AveragedModel(
+        model, rule=sk.averaging.EMA(0.5, update_after_step=2, every=2)
+    )
     values = []
     for v in range(1, 8):
         with torch.no_grad():
@@ -169,9 +182,9 @@ def test_ema_warmup_update_after_step_and_every() -> None:
 
 def test_state_dict_round_trip_continues_bitwise() -> None:
     model = _mlp()
-    ema = sk.AveragedModel(model, rule=sk.EMA(0.9, warmup_power=1.0))
+    ema = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.9, warmup_power=1.0))
     _train(model, [ema], steps=3)
-    fresh = sk.AveragedModel(_mlp(), rule=sk.EMA(0.9, warmup_power=1.0))
+    fresh = sk.averaging.AveragedModel(_mlp(), rule=sk.averaging.EMA(0.9, warmup_power=1.0))
     fresh.load_state_dict(ema.state_dict())
     twin = copy.deepcopy(model)
     _train(model, [ema], steps=3)
@@ -182,18 +195,18 @@ def test_state_dict_round_trip_continues_bitwise() -> None:
 
 def test_construction_without_deepcopy() -> None:
     model = _mlp()
-    built = sk.AveragedModel(model, averaged=_mlp)
+    built = sk.averaging.AveragedModel(model, averaged=_mlp)
     assert built.module is not model
     assert torch.equal(built.module[0].weight, model[0].weight)
     with pytest.raises(sk.KeyMismatchError):
-        sk.AveragedModel(model, averaged=lambda: nn.Linear(4, 2))
-    with pytest.raises(sk.InvalidArgumentError, match="separate copy"):
-        sk.AveragedModel(model, averaged=model)
+        sk.averaging.AveragedModel(model, averaged=lambda: nn.Linear(4, 2))
+    with pytest.raises(sk.errors.InvalidArgumentError, match="separate copy"):
+        sk.averaging.AveragedModel(model, averaged=model)
 
 
 def test_picklable_with_the_default_rules() -> None:
     model = _mlp()
-    avg = sk.AveragedModel(model, rule=sk.EMA(0.9))
+    avg = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.9))
     avg.update_parameters(model)
     clone = pickle.loads(pickle.dumps(avg))  # our own object, in memory
     assert torch.equal(clone.module[0].weight, avg.module[0].weight)
@@ -208,18 +221,22 @@ def test_picklable_with_the_default_rules() -> None:
 @pytest.mark.parametrize(
     "build",
     [
-        lambda m: sk.AveragedModel(m, rule=sk.EMA(1.5)),
-        lambda m: sk.AveragedModel(m, rule=sk.EMA(0.9, min_decay=0.95)),
-        lambda m: sk.AveragedModel(m, rule=sk.EMA(0.9, every=0)),
-        lambda m: sk.AveragedModel(m, buffers="avg"),
-        lambda m: sk.AveragedModel(m, use_buffers=True, buffers=sk.BufferPolicy.IGNORE),
-        lambda m: sk.AveragedModel(m, rule=sk.SWA(), avg_fn=sk.get_swa_avg_fn()),
-        lambda m: sk.AveragedModel(m, rule="ema"),
-        lambda m: sk.get_ema_multi_avg_fn(-0.1),
+        lambda m: sk.averaging.AveragedModel(m, rule=sk.averaging.EMA(1.5)),
+        lambda m: sk.averaging.AveragedModel(m, rule=sk.averaging.EMA(0.9, min_decay=0.95)),
+        lambda m: sk.averaging.AveragedModel(m, rule=sk.averaging.EMA(0.9, every=0)),
+        lambda m: sk.averaging.AveragedModel(m, buffers="avg"),
+        lambda m: sk.averaging.AveragedModel(
+            m, use_buffers=True, buffers=sk.averaging.BufferPolicy.IGNORE
+        ),
+        lambda m: sk.averaging.AveragedModel(
+            m, rule=sk.averaging.SWA(), avg_fn=sk.averaging.get_swa_avg_fn()
+        ),
+        lambda m: sk.averaging.AveragedModel(m, rule="ema"),
+        lambda m: sk.averaging.get_ema_multi_avg_fn(-0.1),
     ],
 )
 def test_validation_errors_are_clear(build: Callable[[nn.Module], Any]) -> None:
-    with pytest.raises(sk.InvalidArgumentError):
+    with pytest.raises(sk.errors.InvalidArgumentError):
         build(_mlp())
 
 
@@ -241,22 +258,22 @@ def test_update_bn_matches_torch_and_restores_mode_and_momentum(
     theirs, ours = make(), make()
     ours.eval()
     T.update_bn(batches, theirs)
-    sk.update_bn(batches, ours)
+    sk.averaging.update_bn(batches, ours)
     for key, value in theirs.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[key], value, rtol=0, atol=1e-6)
     assert not ours.training
     assert ours[1].momentum == 0.1
     dicts = [{"x": b[0]} for b in batches]
     third = make()
-    sk.update_bn(dicts, third, input_fn=lambda batch: batch["x"])
+    sk.averaging.update_bn(dicts, third, input_fn=lambda batch: batch["x"])
     torch.testing.assert_close(third[1].running_mean, ours[1].running_mean, rtol=0, atol=1e-6)
-    with pytest.raises(sk.InvalidArgumentError, match="input_fn"):
-        sk.update_bn(dicts, make())
+    with pytest.raises(sk.errors.InvalidArgumentError, match="input_fn"):
+        sk.averaging.update_bn(dicts, make())
 
 
 def test_follows_tensors_whose_data_is_swapped_or_converted() -> None:
     model = nn.Linear(3, 3)
-    ema = sk.AveragedModel(model, rule=sk.EMA(0.5))
+    ema = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.5))
     ema.update_parameters(model)
     with torch.no_grad():
         model.weight.data = torch.full_like(model.weight, 10.0)  # new storage, same Parameter

@@ -25,10 +25,10 @@ def _model() -> nn.Module:
 @pytest.mark.parametrize(
     "make",
     [
-        lambda m: sk.AveragedModel(m),
-        lambda m: sk.AveragedModel(m, rule=sk.EMA(0.99)),
-        lambda m: sk.AveragedModel(m, averaged=_model),
-        lambda m: sk.AveragedModel(m, use_buffers=True).double(),
+        lambda m: sk.averaging.AveragedModel(m),
+        lambda m: sk.averaging.AveragedModel(m, rule=sk.averaging.EMA(0.99)),
+        lambda m: sk.averaging.AveragedModel(m, averaged=_model),
+        lambda m: sk.averaging.AveragedModel(m, use_buffers=True).double(),
     ],
     ids=["swa", "ema", "averaged-factory", "after-to"],
 )
@@ -42,7 +42,7 @@ def test_the_copy_requires_no_grad_and_the_source_keeps_its_own(make: object) ->
 def test_an_optimizer_over_a_module_holding_its_ema_steps_only_the_model() -> None:
     holder = nn.Module()
     holder.net = _model()
-    holder.ema = sk.AveragedModel(holder.net, rule=sk.EMA(0.5))
+    holder.ema = sk.averaging.AveragedModel(holder.net, rule=sk.averaging.EMA(0.5))
     trainable = [p for p in holder.parameters() if p.requires_grad]
     assert len(trainable) == len(list(holder.net.parameters()))
     opt = torch.optim.SGD(trainable, lr=0.1)
@@ -56,8 +56,8 @@ def test_an_optimizer_over_a_module_holding_its_ema_steps_only_the_model() -> No
 
 
 def test_loading_a_state_keeps_the_copy_frozen() -> None:
-    source = sk.AveragedModel(_model(), rule=sk.EMA(0.9))
-    target = sk.AveragedModel(_model(), rule=sk.EMA(0.9))
+    source = sk.averaging.AveragedModel(_model(), rule=sk.averaging.EMA(0.9))
+    target = sk.averaging.AveragedModel(_model(), rule=sk.averaging.EMA(0.9))
     target.load_state_dict(source.state_dict())
     assert not any(p.requires_grad for p in target.parameters())
 

@@ -147,7 +147,9 @@ def test_missing_key_is_a_mismatch(tmp_path: Path) -> None:
     with pytest.raises(sk.KeyMismatchError) as info:
         average_checkpoints([*runs, tmp_path / "other"], tmp_path / "out", key="model")
     assert "model: no such entry" in str(info.value) and "net" in str(info.value)
-    with pytest.raises(sk.InvalidArgumentError, match="no checkpoint holds the entry 'nope'"):
+    with pytest.raises(
+        sk.errors.InvalidArgumentError, match="no checkpoint holds the entry 'nope'"
+    ):
         average_checkpoints(runs, tmp_path / "out", key="nope")
 
 
@@ -199,17 +201,17 @@ def test_untied_input_is_a_mismatch(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_bad_weights(tmp_path: Path, weights: Any) -> None:
     runs = _runs(tmp_path)
-    with pytest.raises(sk.InvalidArgumentError, match="weight"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="weight"):
         average_checkpoints(runs, tmp_path / "out", weights=weights)
 
 
 def test_bad_arguments(tmp_path: Path) -> None:
     runs = _runs(tmp_path, steps=(1,))
-    with pytest.raises(sk.InvalidArgumentError, match="no paths"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="no paths"):
         average_checkpoints([], tmp_path / "out")
-    with pytest.raises(sk.InvalidArgumentError, match="list of checkpoint"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="list of checkpoint"):
         average_checkpoints(str(runs[0]), tmp_path / "out")
-    with pytest.raises(sk.InvalidArgumentError, match="key"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="key"):
         average_checkpoints(runs, tmp_path / "out", key="")
     with pytest.raises(sk.StepNotFoundError):
         average_checkpoints([tmp_path / "nothing"], tmp_path / "out")
@@ -217,7 +219,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 def test_existing_output_step_is_refused(tmp_path: Path) -> None:
     runs = _runs(tmp_path)
-    with pytest.raises(sk.StepExistsError):
+    with pytest.raises(sk.errors.StepExistsError):
         average_checkpoints(runs, runs[2])
     info = average_checkpoints(runs, runs[2], out_step=31)  # into an input run, as a new step
     assert info.step == 31 and [i.step for i in sk.list_checkpoints(runs[2])] == [30, 31]

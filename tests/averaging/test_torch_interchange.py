@@ -28,7 +28,7 @@ def test_torch_state_loads_strictly_into_ours_and_continues_identically() -> Non
     model = _model()
     theirs = TorchAveraged(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
     _trained_average(theirs, model, 3)
-    ours = sk.AveragedModel(_model(), multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    ours = sk.averaging.AveragedModel(_model(), multi_avg_fn=get_ema_multi_avg_fn(0.9))
     ours.load_state_dict(theirs.state_dict())  # strict: no n_calls in torch's
     assert int(ours.n_calls) == 3 and int(ours.n_averaged) == 3
     for name, value in theirs.state_dict().items():
@@ -43,7 +43,7 @@ def test_torch_state_loads_strictly_into_ours_and_continues_identically() -> Non
 
 def test_ours_exports_a_state_torch_loads_strictly() -> None:
     model = _model()
-    ours = sk.AveragedModel(model, rule=sk.EMA(0.9))
+    ours = sk.averaging.AveragedModel(model, rule=sk.averaging.EMA(0.9))
     _trained_average(ours, model, 4)
     theirs = TorchAveraged(_model())
     theirs.load_state_dict(ours.torch_state_dict())  # strict: no unexpected n_calls
@@ -53,7 +53,9 @@ def test_ours_exports_a_state_torch_loads_strictly() -> None:
 
 
 def test_counters_follow_the_rule_when_derived() -> None:
-    average = sk.AveragedModel(_model(), rule=sk.EMA(0.9, update_after_step=5, every=2))
+    average = sk.averaging.AveragedModel(
+        _model(), rule=sk.averaging.EMA(0.9, update_after_step=5, every=2)
+    )
     state = average.torch_state_dict()
     state["n_averaged"] = torch.tensor(3)
     average.load_state_dict(state)
@@ -68,10 +70,10 @@ def test_torch_state_loads_through_statekeeper_and_inside_other_modules(tmp_path
     theirs = TorchAveraged(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
     _trained_average(theirs, model, 3)
     sk.save(tmp_path, {"ema": theirs}, step=1)  # a step saved before switching to ours
-    ours = sk.AveragedModel(_model(), multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    ours = sk.averaging.AveragedModel(_model(), multi_avg_fn=get_ema_multi_avg_fn(0.9))
     sk.load(tmp_path, {"ema": ours})  # strict: n_calls is derived, not missing
     assert int(ours.n_calls) == 3 and int(ours.n_averaged) == 3
-    holder = torch.nn.ModuleDict({"ema": sk.AveragedModel(_model())})
+    holder = torch.nn.ModuleDict({"ema": sk.averaging.AveragedModel(_model())})
     holder.load_state_dict({f"ema.{k}": v for k, v in theirs.state_dict().items()})
     inner = holder["ema"]
     assert int(inner.n_calls) == 3

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from statekeeper import EMA, AveragedModel, ResumableLoader, ResumableSampler, SeededDataset
+from statekeeper.averaging import EMA, AveragedModel
+from statekeeper.data import ResumableLoader, ResumableSampler, SeededDataset
 from statekeeper.testing import Run
 
 

@@ -46,12 +46,12 @@ def test_a_background_failure_surfaces_on_the_next_call_and_on_close() -> None:
     ckpt.wait()
     storage.fail_at = storage.operations + 2
     ckpt.save(2, {"x": 2})  # fails in the background
-    with pytest.raises(sk.InjectedFailure):
+    with pytest.raises(sk.storage.InjectedFailure):
         ckpt.save(3, {"x": 3})
     assert [c.step for c in sk.list_checkpoints(storage)] == [1]
     storage.fail_at = storage.operations + 2
     ckpt.save(4, {"x": 4})
-    with pytest.raises(sk.InjectedFailure):
+    with pytest.raises(sk.storage.InjectedFailure):
         ckpt.close()
     assert [c.step for c in sk.list_checkpoints(storage)] == [1]
     with sk.Checkpointer(storage) as again:  # close released the lock despite the error
@@ -62,7 +62,7 @@ def test_pending_save_wait_raises_once(tmp_path: Path) -> None:
     storage = MemoryStorage()
     storage.fail_at = 1
     pending = sk.save(storage, {"x": 1}, step=1, blocking=False)
-    with pytest.raises(sk.InjectedFailure):
+    with pytest.raises(sk.storage.InjectedFailure):
         pending.wait()
     sk.save(storage, {"x": 1}, step=1)  # the error was reported: not raised again
 

@@ -38,7 +38,7 @@ def test_the_staging_copy_is_freed_once_written(fails: bool) -> None:
         storage.fail_at = storage.operations + 3
     pending = sk.save(storage, {"x": x}, step=1, blocking=False)
     if fails:
-        with pytest.raises(sk.InjectedFailure) as caught:
+        with pytest.raises(sk.storage.InjectedFailure) as caught:
             pending.wait()
         assert caught.value.__traceback__ is not None  # the traceback is kept for the user
     else:

@@ -65,7 +65,10 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         _with_ckpt(lambda c: c.maybe_save(1, {"x": 1}, 5), every=sk.EverySteps(1)),
         ("metrics", "mapping"),
     ),
-    "verify(progress=5)": (lambda t: sk.verify(_saved(t), progress=5), ("progress", "callable")),
+    "verify(progress=5)": (
+        lambda t: sk.audit.verify(_saved(t), progress=5),
+        ("progress", "callable"),
+    ),
     "load(progress=5)": (
         lambda t: sk.load(_saved(t), {"x": torch.zeros(2)}, progress=5),
         ("progress", "callable"),
@@ -106,15 +109,15 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("overwrite", "True or False"),
     ),
     "average overwrite='yes'": (
-        lambda t: sk.average_checkpoints([_saved(t)], t / "o", overwrite="yes"),
+        lambda t: sk.averaging.average_checkpoints([_saved(t)], t / "o", overwrite="yes"),
         ("overwrite", "True or False"),
     ),
     "convert overwrite='yes'": (
-        lambda t: sk.convert(_saved(t), t / "o", overwrite="yes"),
+        lambda t: sk.conversion.convert(_saved(t), t / "o", overwrite="yes"),
         ("overwrite", "True or False"),
     ),
     "keep=3": (lambda t: _ckpt(t, keep=3), ("keep", "KeepLatest")),
-    "AveragedModel(5)": (lambda t: sk.AveragedModel(5), ("model", "nn.Module")),
+    "AveragedModel(5)": (lambda t: sk.averaging.AveragedModel(5), ("model", "nn.Module")),
     "KeepLatest('3')": (lambda t: sk.KeepLatest("3"), ("KeepLatest(n)", "int")),
     "EverySteps(2.0)": (lambda t: sk.EverySteps(2.0), ("EverySteps(n)", "int")),
     "EverySeconds('60')": (lambda t: sk.EverySeconds("60"), ("EverySeconds",)),
@@ -127,7 +130,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
     "Checkpointer shard_bytes=True": (lambda t: _ckpt(t, shard_bytes=True), ("shard_bytes",)),
     "save origin='minimal'": (
         lambda t: sk.save(t / "r", {"x": 1}, step=1, origin="minimal"),
-        ("origin", "statekeeper.Origin"),
+        ("origin", "statekeeper.training.Origin"),
     ),
     "Checkpointer origin='full'": (lambda t: _ckpt(t, origin="full"), ("origin", "Origin")),
     "every=10": (lambda t: _ckpt(t, every=10), ("every", "EverySteps")),
@@ -162,7 +165,7 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
         ("mirror", "statekeeper.Mirror("),
     ),
     "export overwrite='no'": (
-        lambda t: sk.export(_saved(t), t / "o.safetensors", overwrite="no"),
+        lambda t: sk.conversion.export(_saved(t), t / "o.safetensors", overwrite="no"),
         ("overwrite", "True or False"),
     ),
 }
@@ -171,9 +174,11 @@ WRONG_TYPES: dict[str, tuple[Call, tuple[str, ...]]] = {
 @pytest.mark.parametrize("case", list(WRONG_TYPES), ids=list(WRONG_TYPES))
 def test_an_argument_of_the_wrong_type_is_named_as_a_type_error(tmp_path: Path, case: str) -> None:
     call, words = WRONG_TYPES[case]
-    with pytest.raises(sk.InvalidArgumentTypeError) as caught:
+    with pytest.raises(sk.errors.InvalidArgumentTypeError) as caught:
         call(tmp_path)
-    assert isinstance(caught.value, TypeError) and isinstance(caught.value, sk.InvalidArgumentError)
+    assert isinstance(caught.value, TypeError) and isinstance(
+        caught.value, sk.errors.InvalidArgumentError
+    )
     for word in words:
         assert word in str(caught.value), (word, str(caught.value))
 
@@ -197,7 +202,7 @@ def test_a_tensor_without_storable_bytes_is_refused_with_its_key_path(
     tmp_path: Path, case: str
 ) -> None:
     make, fix = UNSTORABLE[case]
-    with pytest.raises(sk.UnsupportedValueError) as caught:
+    with pytest.raises(sk.errors.UnsupportedValueError) as caught:
         sk.save(tmp_path / "run", {"model": {"layer": {"w": make()}}}, step=1)
     assert isinstance(caught.value, TypeError)
     assert "model/layer/w" in str(caught.value) and fix in str(caught.value)
@@ -209,7 +214,7 @@ def test_a_path_under_a_regular_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("x")
     where = tmp_path / "notes.txt" / "run"
     for call in (lambda: sk.save(where, {"x": 1}, step=1), lambda: sk.Checkpointer(where)):
-        with pytest.raises(sk.StorageError) as caught:
+        with pytest.raises(sk.errors.StorageError) as caught:
             call()
         assert caught.value.errno == errno.ENOTDIR
         assert f"{tmp_path / 'notes.txt'} is a regular file" in str(caught.value)
@@ -222,11 +227,11 @@ def test_a_name_longer_than_the_file_system_allows_is_named(tmp_path: Path) -> N
         lambda: sk.Checkpointer(where),
         lambda: sk.load(where, {"x": 1}),
         lambda: sk.list_checkpoints(where),
-        lambda: sk.verify(where),
+        lambda: sk.audit.verify(where),
         lambda: sk.read(where),
     ]
     for call in calls:
-        with pytest.raises(sk.StorageError) as caught:
+        with pytest.raises(sk.errors.StorageError) as caught:
             call()
         assert caught.value.errno == errno.ENAMETOOLONG
         assert "300 bytes long" in str(caught.value) and "shorter" in str(caught.value)
@@ -242,11 +247,11 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_directory(
         lambda: sk.Checkpointer(where),
         lambda: sk.load(where, {"x": 1}),
         lambda: sk.read(where),
-        lambda: sk.verify(where),
+        lambda: sk.audit.verify(where),
         lambda: sk.list_checkpoints(where),
     ]
     for call in calls:
-        with pytest.raises(sk.InvalidArgumentError, match="empty"):
+        with pytest.raises(sk.errors.InvalidArgumentError, match="empty"):
             call()
     assert list(tmp_path.iterdir()) == []  # nothing was written into the current directory
 
@@ -258,11 +263,11 @@ def test_a_path_with_a_nul_byte_is_named(tmp_path: Path) -> None:
         lambda: sk.Checkpointer(where),
         lambda: sk.load(where, {"x": 1}),
         lambda: sk.read(where),
-        lambda: sk.verify(where),
+        lambda: sk.audit.verify(where),
         lambda: sk.list_checkpoints(where),
     ]
     for call in calls:
-        with pytest.raises(sk.InvalidArgumentError, match="NUL byte"):
+        with pytest.raises(sk.errors.InvalidArgumentError, match="NUL byte"):
             call()
     assert list(tmp_path.iterdir()) == []
 
@@ -292,7 +297,7 @@ def test_a_read_only_file_system_is_named_with_the_fix(tmp_path: Path) -> None:
             lambda: sk.Checkpointer(ro),
             lambda: sk.save(ro / "run", {"x": 1}, step=1),
         ):
-            with pytest.raises(sk.StorageError) as caught:
+            with pytest.raises(sk.errors.StorageError) as caught:
                 call()
             assert caught.value.errno == errno.EROFS
             assert "read-only file system" in str(caught.value)
@@ -336,7 +341,7 @@ def test_an_int_of_any_size_reads_back_in_a_default_process(tmp_path: Path) -> N
     loaded: dict[str, Any] = dict.fromkeys(values)
     sk.load(tmp_path, loaded)
     assert loaded == values
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 @pytest.mark.usefixtures("default_int_digits")
@@ -366,7 +371,7 @@ def test_a_long_decimal_int_of_an_older_writer_reads_back(tmp_path: Path) -> Non
     loaded: dict[str, Any] = {"big": None}
     sk.load(tmp_path, loaded)
     assert loaded["big"] == BIG
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 class _Ops(TorchDispatchMode):
@@ -386,7 +391,7 @@ def _arithmetic(tmp: Path, count: int) -> int:
     run = tmp / f"run{count}"
     sk.save(run, {"model": tensors, "w": torch.ones(3)}, step=1)
     with _Ops() as ops:
-        info = sk.average_checkpoints([run, run], tmp / f"out{count}")
+        info = sk.averaging.average_checkpoints([run, run], tmp / f"out{count}")
     averaged = sk.read(info.path)
     assert averaged["model"].keys() == tensors.keys()
     assert all(t.shape == (0, 3) and t.dtype == torch.float32 for t in averaged["model"].values())

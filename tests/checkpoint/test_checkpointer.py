@@ -51,7 +51,7 @@ def test_restore_latest_removes_interrupted_saves_first(tmp_path: Path) -> None:
     (tmp_path / "step_000000002.partial-abcdef").mkdir()
     with sk.Checkpointer(tmp_path) as ckpt:
         assert ckpt.restore_latest({"x": 0}) == 1
-    assert sk.list_partial(tmp_path) == []
+    assert sk.audit.list_partial(tmp_path) == []
 
 
 def test_a_damaged_newest_step_is_skipped_with_a_warning(tmp_path: Path) -> None:
@@ -78,7 +78,10 @@ def test_maybe_save_follows_the_policy_and_skips_committed_steps(tmp_path: Path)
         saved = [s for s in range(8) if ckpt.maybe_save(s, {"x": s}) is not None]
         assert saved == [0, 2, 4, 5, 6]
         assert ckpt.maybe_save(6, {"x": 6}) is None
-    with sk.Checkpointer(tmp_path) as ckpt, pytest.raises(sk.InvalidArgumentError, match="every="):
+    with (
+        sk.Checkpointer(tmp_path) as ckpt,
+        pytest.raises(sk.errors.InvalidArgumentError, match="every="),
+    ):
         ckpt.maybe_save(8, {"x": 8})
 
 
@@ -146,7 +149,7 @@ def test_a_failure_between_commit_and_retention_loses_nothing() -> None:
 
 def test_a_second_checkpointer_on_the_same_directory_is_refused(tmp_path: Path) -> None:
     first = sk.Checkpointer(tmp_path)
-    with pytest.raises(sk.WriterConflictError):
+    with pytest.raises(sk.errors.WriterConflictError):
         sk.Checkpointer(tmp_path)
     first.close()
     with pytest.raises(sk.StatekeeperError, match="closed"):
@@ -158,7 +161,7 @@ def test_a_second_checkpointer_on_the_same_directory_is_refused(tmp_path: Path) 
 def test_the_rng_name_is_reserved(tmp_path: Path) -> None:
     with (
         sk.Checkpointer(tmp_path) as ckpt,
-        pytest.raises(sk.InvalidArgumentError, match="reserved"),
+        pytest.raises(sk.errors.InvalidArgumentError, match="reserved"),
     ):
         ckpt.save(1, {"rng": 1})
 
@@ -208,9 +211,9 @@ def test_registered_generators_are_restored_by_name(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
-    with pytest.raises(sk.InvalidArgumentError, match="KeepLatest"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="KeepLatest"):
         sk.Checkpointer(tmp_path, keep=3)
-    with pytest.raises(sk.InvalidArgumentError, match="EverySteps"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="EverySteps"):
         sk.Checkpointer(tmp_path, every=10)
     with pytest.raises(TypeError, match="generator 'g'"):
         sk.Checkpointer(tmp_path, generators={"g": 1})  # type: ignore[dict-item]

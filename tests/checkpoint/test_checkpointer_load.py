@@ -56,7 +56,7 @@ def test_load_of_a_given_step_and_of_the_newest(tmp_path: Path) -> None:
         with pytest.raises(sk.StepNotFoundError):
             ckpt.load(state, step=9)
         assert ckpt.last_restore is newest  # a failed load changes nothing
-        with pytest.raises(sk.InvalidArgumentTypeError, match="step"):
+        with pytest.raises(sk.errors.InvalidArgumentTypeError, match="step"):
             ckpt.load(state, step="2")
 
 

@@ -22,7 +22,7 @@ import xxhash
 from tests.helpers.orders import assert_same_in_order
 
 import statekeeper
-from statekeeper import CorruptCheckpointError, UnsupportedFormatError
+from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
 from statekeeper.format.checksum import checksum
 from statekeeper.format.manifest import FileRecord, Manifest
 

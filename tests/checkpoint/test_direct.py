@@ -395,7 +395,7 @@ def test_set_extra_state_alone_is_left_to_torch(tmp_path: Path) -> None:
     saved, live = _saved_and_live(tmp_path, lambda: OnlySetsExtra(2, 2))
     with pytest.raises(RuntimeError, match="_extra_state"):
         OnlySetsExtra(2, 2).load_state_dict(saved)
-    with pytest.raises(sk.LoadStateError, match="_extra_state"):
+    with pytest.raises(sk.errors.LoadStateError, match="_extra_state"):
         sk.load(tmp_path, {"model": live})
 
 

@@ -153,7 +153,7 @@ def test_a_state_nested_too_deep_is_refused_at_save_so_every_save_reads_back(
     deep: object = 0
     for _ in range(150):
         deep = [deep]
-    with pytest.raises(sk.UnsupportedValueError, match="nested deeper than 100 levels"):
+    with pytest.raises(sk.errors.UnsupportedValueError, match="nested deeper than 100 levels"):
         sk.save(tmp_path, {"x": deep}, step=1)
     assert sk.list_checkpoints(tmp_path) == []
     ok: object = 0
@@ -176,7 +176,7 @@ def test_only_regular_files_are_listed_in_a_step(tmp_path: Path) -> None:
     run = saved_run(tmp_path)
     os.mkfifo(run / ENTRY / "extra.safetensors")
     (run / ENTRY / "link.safetensors").symlink_to("/dev/zero")
-    assert sk.LocalStorage(run).files(ENTRY) == [MANIFEST, SHARD]
+    assert sk.storage.LocalStorage(run).files(ENTRY) == [MANIFEST, SHARD]
     assert sk.read(run)["epoch"] == 1  # the strays are not the step's: it still loads
 
 
@@ -196,7 +196,7 @@ def test_a_step_directory_that_is_a_link_is_never_read_or_followed(tmp_path: Pat
         sk.Checkpointer(run) as ckpt,
     ):
         assert ckpt.restore_latest(state, strict=sk.Strict.ALLOW_MISSING) == 1
-    sk.LocalStorage(run).remove("step_000000009")
+    sk.storage.LocalStorage(run).remove("step_000000009")
     assert not (run / "step_000000009").exists()
     assert [p.name for p in run.iterdir() if "step_000000009" in p.name] == []
     assert (elsewhere / "step_000000009" / MANIFEST).is_file()  # the target is untouched

@@ -43,10 +43,10 @@ def test_retention_unlists_a_step_before_deleting_any_of_its_files(
     # (typing) the module's own import, patched by the test
     monkeypatch.setattr(local.shutil, "rmtree", killed_midway)  # type: ignore[attr-defined]
     with pytest.raises(KeyboardInterrupt):
-        sk.LocalStorage(run).remove("step_000000002")
+        sk.storage.LocalStorage(run).remove("step_000000002")
     monkeypatch.undo()
     assert [i.step for i in sk.list_checkpoints(run)] == [1]
-    leftovers = [p.kind for p in sk.list_partial(run)]
+    leftovers = [p.kind for p in sk.audit.list_partial(run)]
     assert leftovers == ["removing"]
     with sk.Checkpointer(run) as ckpt:  # resume cleans the leftover like a partial save
         live = small_state(0)
@@ -85,13 +85,13 @@ def test_sigkill_during_retention_never_leaves_a_listed_step_that_fails(
         saved = dict(sk.read(tmp_path, step=info.step))
         saved.pop("rng", None)
         assert_state_equal(saved, state_for(info.step))
-    sk.remove_partial(tmp_path)
+    sk.audit.remove_partial(tmp_path)
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(1)) as ckpt:  # the run goes on
         ckpt.save(3, state_for(3))
     assert [i.step for i in sk.list_checkpoints(tmp_path)] == [3]
 
 
-class _RetentionRacer(sk.LocalStorage):
+class _RetentionRacer(sk.storage.LocalStorage):
     """Deletes the step the moment a reader opens one of its files, as a writer's retention
     would in another process."""
 
@@ -177,7 +177,7 @@ def test_a_full_disk_is_a_storage_error_naming_run_step_file_and_bytes(
         with sk.Checkpointer(run, blocking=how != "async") as ckpt:
             ckpt.save(2, _big(2))
 
-    with pytest.raises(sk.StorageError) as caught:
+    with pytest.raises(sk.errors.StorageError) as caught:
         save()
     exc = caught.value
     assert isinstance(exc, OSError) and exc.errno == errno.ENOSPC
@@ -189,7 +189,7 @@ def test_a_full_disk_is_a_storage_error_naming_run_step_file_and_bytes(
     assert claimed == needed if how == "save" else needed < claimed < needed + (1 << 20)
     assert "free space" in text
     assert [i.step for i in sk.list_checkpoints(run)] == [1]
-    assert sk.list_partial(run) == []
+    assert sk.audit.list_partial(run) == []
     assert torch.equal(sk.read(run)["w"], torch.ones(16))
 
 
@@ -209,7 +209,7 @@ def test_load_of_a_file_or_a_missing_path_says_so(tmp_path: Path) -> None:
 
 def test_removing_a_step_twice_or_a_partial_is_quiet(tmp_path: Path) -> None:
     run = saved_run(tmp_path)
-    storage = sk.LocalStorage(run)
+    storage = sk.storage.LocalStorage(run)
     storage.remove(ENTRY)
     storage.remove(ENTRY)
     (run / "step_000000002.partial-abc").mkdir()
@@ -230,7 +230,7 @@ def test_rmtree_is_not_used_on_a_committed_name(tmp_path: Path) -> None:
     # (typing) the module's own import, patched by the test
     local.shutil.rmtree = spy  # type: ignore[attr-defined]
     try:
-        sk.LocalStorage(run).remove(ENTRY)
+        sk.storage.LocalStorage(run).remove(ENTRY)
     finally:
         # (typing) the module's own import, patched by the test
         local.shutil.rmtree = real  # type: ignore[attr-defined]

@@ -56,7 +56,7 @@ def test_an_unchanged_frozen_shard_is_linked_and_every_step_stays_whole(tmp_path
     assert listed[3].written == third.written and listed[3].bytes == third.bytes
     shutil_rmtree(tmp_path / "step_000000001")
     shutil_rmtree(tmp_path / "step_000000002")
-    assert sk.verify(tmp_path).ok  # deleting the steps it reused from damages nothing
+    assert sk.audit.verify(tmp_path).ok  # deleting the steps it reused from damages nothing
     fresh, fresh_adapter, fresh_opt = lora_state(seed=5)
     lora_step(fresh_adapter, fresh_opt)
     sk.load(tmp_path, fresh | {"rng": sk.RNGState()})
@@ -79,7 +79,7 @@ def test_retention_deletes_steps_without_touching_the_files_others_share(tmp_pat
             lora_step(adapter, opt)
             ckpt.save(step, state)
     assert [i.step for i in sk.list_checkpoints(tmp_path)] == [4]
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
     assert (tmp_path / "step_000000004" / "tensors-00000.safetensors").stat().st_nlink == 1
 
 
@@ -94,7 +94,7 @@ def test_a_damaged_previous_file_is_not_reused_but_written_anew(tmp_path: Path) 
     info = sk.save(tmp_path, state, step=2)
     assert info.reused_files == 0 and info.written == info.bytes
     assert "reused" not in manifest(tmp_path, 2)
-    report = sk.verify(tmp_path)
+    report = sk.audit.verify(tmp_path)
     assert [s.ok for s in report.steps] == [False, True]  # step 2 did not inherit the damage
 
 
@@ -142,7 +142,7 @@ def test_trust_marks_trusts_a_file_checked_once_while_it_is_unchanged(
             lora_step(adapter, opt)
             again.save(step, state)
     assert reads == ["tensors-00000.safetensors"]
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 def test_write_all_writes_every_file(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_write_all_writes_every_file(tmp_path: Path) -> None:
             info = ckpt.save(step, state)
     assert isinstance(info, sk.CheckpointInfo)
     assert info.reused_files == 0 and info.written == info.bytes
-    with pytest.raises(sk.InvalidArgumentError, match="incremental must be"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="incremental must be"):
         sk.Checkpointer(tmp_path / "other", incremental="yes")
 
 
@@ -165,7 +165,7 @@ def test_background_saves_reuse_too(tmp_path: Path) -> None:
             ckpt.save(step, state)
         info = ckpt.wait()
     assert info is not None and info.reused_files == 1
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 def _two_steps(run: Path) -> tuple[dict[str, Any], Any, Any]:
@@ -192,23 +192,23 @@ def test_a_link_that_fails_for_any_reason_writes_the_file(
     lora_step(adapter, opt)
     info = sk.save(tmp_path, state, step=3)
     assert info.reused_files == 0 and info.written == info.bytes
-    assert sk.verify(tmp_path).ok
-    assert sk.list_partial(tmp_path) == []
+    assert sk.audit.verify(tmp_path).ok
+    assert sk.audit.list_partial(tmp_path) == []
 
 
 @pytest.mark.parametrize("kind", ["memory", "fsspec"])
 def test_other_storages_reuse_through_their_own_copy(kind: str, tmp_path: Path) -> None:
     storage: Any = (
-        sk.MemoryStorage(name=f"memory://inc-{os.getpid()}")
+        sk.storage.MemoryStorage(name=f"memory://inc-{os.getpid()}")
         if kind == "memory"
-        else sk.FsspecStorage(f"memory://inc-{os.getpid()}-{tmp_path.name}")
+        else sk.storage.FsspecStorage(f"memory://inc-{os.getpid()}-{tmp_path.name}")
     )
     state, adapter, opt = lora_state()
     for step in (1, 2):
         lora_step(adapter, opt)
         info = sk.save(storage, state, step=step)
     assert info.reused_files == 1
-    assert sk.verify(storage).ok
+    assert sk.audit.verify(storage).ok
     got = sk.read(storage)
     assert torch.equal(got["model"]["base.weight"], state["model"].base.weight)
 
@@ -258,7 +258,7 @@ def test_a_frozen_shard_is_hashed_at_every_save_unless_marks_are_trusted(
     else:
         assert frozen == []  # its marks from step 1 on: the checksum is known without hashing
     assert sk.list_checkpoints(tmp_path)[-1].reused_files == 1
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 @pytest.mark.parametrize("how", ["in place", "through .data", "a new parameter"])
@@ -283,7 +283,7 @@ def test_a_frozen_tensor_that_changed_is_written_however_it_changed(
     assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 0
     saved = sk.read(tmp_path)["model"]["base.weight"]
     assert torch.equal(saved, base.weight)
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 def test_tensors_that_stay_unchanged_get_shards_of_their_own_that_are_reused(
@@ -325,7 +325,7 @@ def test_writes_that_no_version_counter_sees_are_still_saved(how: str, tmp_path:
         model.weight.data = model.weight.data.view(8, 32)  # same memory, same counter
     sk.save(tmp_path, {"model": model}, step=3)
     assert torch.equal(sk.read(tmp_path)["model"]["weight"], model.weight)
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 def test_a_frozen_tensor_that_others_view_is_checksummed_every_time(
@@ -376,7 +376,7 @@ def test_a_state_dict_hook_that_makes_new_tensors_is_checksummed(tmp_path: Path)
         model.scale.fill_(float(step))
         sk.save(tmp_path, {"model": model}, step=step)
     assert torch.equal(sk.read(tmp_path)["model"]["weight"], model.weight * 3.0)
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 def test_a_frozen_tensor_that_shares_its_storage_with_another_gets_no_mark(

@@ -60,7 +60,7 @@ def test_a_rotten_file_is_never_linked_into_the_next_step(tmp_path: Path) -> Non
         info = ckpt.save(4, state)
     assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 0
     assert shard(tmp_path, 4).stat().st_ino not in damaged
-    assert [s.ok for s in sk.verify(tmp_path).steps] == [False, False, True]
+    assert [s.ok for s in sk.audit.verify(tmp_path).steps] == [False, False, True]
     fresh, _, _ = lora_state(seed=3)
     with sk.Checkpointer(tmp_path, keep=sk.KeepLatest(3)) as again:
         assert again.restore_latest(fresh) == 4
@@ -93,7 +93,7 @@ def test_a_rotten_file_in_the_newest_step_leaves_an_older_good_step(tmp_path: Pa
     ids=["all", "latest2", "latest3", "every4+latest1", "best2"],
 )
 def test_a_step_that_stays_shares_no_file_with_the_newest(
-    keep: sk.Retention | None, tmp_path: Path
+    keep: sk.training.Retention | None, tmp_path: Path
 ) -> None:
     losses = [5.0, 3.0, 4.0, 1.0, 2.0, 6.0, 0.5, 7.0, 0.7, 0.6]
     state, adapter, opt = lora_state()
@@ -111,7 +111,7 @@ def test_a_step_that_stays_shares_no_file_with_the_newest(
             apart = [s for s in steps[:-1] if inodes(tmp_path, s).isdisjoint(newest)]
             assert apart, f"after step {step}, every step of {steps} shares a file with it"
     assert reused >= len(losses) // 2  # still incremental: most saves link the frozen shard
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 def test_keeping_one_step_links_at_every_save(tmp_path: Path) -> None:
@@ -146,7 +146,7 @@ def test_a_sparse_write_no_counter_sees_is_saved(how: str, tmp_path: Path) -> No
     saved = sk.read(tmp_path)["model"]["weight"]
     assert saved.view(-1)[where] == 42.0
     assert torch.equal(saved, model.weight)
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 class _AtLink:
@@ -186,7 +186,7 @@ def test_a_checked_file_is_linked_with_or_without_proc(proc: str, tmp_path: Path
         lora_step(adapter, opt)
         info = ckpt.save(3, state)
     assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 1
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok
 
 
 def _saved_twice(run: Path) -> tuple[dict[str, Any], Any, Any, sk.Checkpointer]:
@@ -220,7 +220,7 @@ def test_a_file_swapped_in_at_the_source_name_is_never_linked(
     # the file checked had no other name left once swapped out, so it could not be linked
     # either: the shard was written from memory
     assert shard(tmp_path, 3).stat().st_ino not in fakes
-    assert sk.verify(tmp_path, step=3).ok
+    assert sk.audit.verify(tmp_path, step=3).ok
     got = sk.read(tmp_path, step=3)["model"]["base.weight"]
     assert torch.equal(got, state["model"]["base"].weight)
 
@@ -236,4 +236,4 @@ def test_a_source_deleted_before_the_link_is_written_from_memory(
     assert [p.name for p in hook.sources] == [FROZEN]
     assert isinstance(info, sk.CheckpointInfo) and info.reused_files == 0
     assert info.written == info.bytes
-    assert sk.verify(tmp_path).ok
+    assert sk.audit.verify(tmp_path).ok

@@ -65,9 +65,9 @@ def test_a_kill_before_the_commit_leaves_the_previous_step_and_one_partial_entry
     infos = sk.list_checkpoints(tmp_path)
     assert [i.step for i in infos] == [0] and infos[0].error is None
     assert_state_equal(_read(tmp_path, 0), state_for(0))
-    assert len(sk.list_partial(tmp_path)) == 1, "the interrupted save of step 1 is partial"
-    sk.remove_partial(tmp_path)  # the dead writer's lock is gone with it
-    assert sk.list_partial(tmp_path) == []
+    assert len(sk.audit.list_partial(tmp_path)) == 1, "the interrupted save of step 1 is partial"
+    sk.audit.remove_partial(tmp_path)  # the dead writer's lock is gone with it
+    assert sk.audit.list_partial(tmp_path) == []
     sk.save(tmp_path, state_for(1), step=1, shard_bytes=SHARD_BYTES)  # not StepExistsError
     assert [i.step for i in sk.list_checkpoints(tmp_path)] == [0, 1]
     assert_state_equal(_read(tmp_path, 1), state_for(1))
@@ -84,7 +84,7 @@ def test_a_kill_right_after_the_commit_leaves_the_new_step_committed(
     assert [i.step for i in infos] == [0, 1] and all(i.error is None for i in infos)
     assert_state_equal(_read(tmp_path, 1), state_for(1))
     assert_state_equal(sk.read(tmp_path, step=0), state_for(0))
-    assert sk.list_partial(tmp_path) == []
+    assert sk.audit.list_partial(tmp_path) == []
 
 
 def test_a_kill_at_a_later_save_leaves_every_earlier_step(tmp_path: Path) -> None:
@@ -93,4 +93,4 @@ def test_a_kill_at_a_later_save_leaves_every_earlier_step(tmp_path: Path) -> Non
     assert out == ["ready", "1"]
     assert [i.step for i in sk.list_checkpoints(tmp_path)] == [0, 1]
     assert_state_equal(sk.read(tmp_path), state_for(1))
-    assert len(sk.list_partial(tmp_path)) == 1
+    assert len(sk.audit.list_partial(tmp_path)) == 1

@@ -24,8 +24,8 @@ from statekeeper.storage import fsspec as fsspec_storage
 
 
 @pytest.fixture
-def remote(s3_server: S3Server) -> sk.FsspecStorage:
-    return sk.FsspecStorage(f"s3://{s3_server.new_bucket()}/run", **s3_server.options)
+def remote(s3_server: S3Server) -> sk.storage.FsspecStorage:
+    return sk.storage.FsspecStorage(f"s3://{s3_server.new_bucket()}/run", **s3_server.options)
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def steps(storage: Any) -> list[int]:
 
 
 def test_every_committed_step_reaches_the_mirror_byte_for_byte(
-    tmp_path: Path, remote: sk.FsspecStorage
+    tmp_path: Path, remote: sk.storage.FsspecStorage
 ) -> None:
     state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
@@ -69,7 +69,7 @@ def test_every_committed_step_reaches_the_mirror_byte_for_byte(
         status = ckpt.mirror_status()
     assert status is not None and status.uploaded == 3 and status.failed == {}
     assert steps(remote) == [1, 2, 3]
-    assert sk.verify(remote).ok
+    assert sk.audit.verify(remote).ok
     for step in (1, 2, 3):
         entry = f"step_{step:09d}"
         local = (tmp_path / entry / "manifest.json").read_bytes()
@@ -79,7 +79,7 @@ def test_every_committed_step_reaches_the_mirror_byte_for_byte(
 
 
 def test_each_tier_keeps_its_own_steps_and_waiting_steps_stay_local(
-    tmp_path: Path, remote: sk.FsspecStorage, release: threading.Event
+    tmp_path: Path, remote: sk.storage.FsspecStorage, release: threading.Event
 ) -> None:
     state, adapter, opt = lora_state(width=128)
     mirror = sk.Mirror(remote, keep=sk.KeepEvery(2))
@@ -98,7 +98,7 @@ def test_each_tier_keeps_its_own_steps_and_waiting_steps_stay_local(
 
 
 def test_a_failed_upload_is_reported_and_the_run_goes_on(
-    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage
+    tmp_path: Path, s3_server: S3Server, remote: sk.storage.FsspecStorage
 ) -> None:
     remote.fs.retries = 1
     state, adapter, opt = lora_state(width=128)
@@ -112,7 +112,7 @@ def test_a_failed_upload_is_reported_and_the_run_goes_on(
         try:
             lora_step(adapter, opt)
             ckpt.save(2, state)  # committed locally at once; its upload fails
-            with pytest.raises(sk.MirrorError, match="step 2") as caught:
+            with pytest.raises(sk.errors.MirrorError, match="step 2") as caught:
                 ckpt.wait()
             assert caught.value.steps == (2,)
             status = ckpt.mirror_status()
@@ -127,11 +127,14 @@ def test_a_failed_upload_is_reported_and_the_run_goes_on(
         ckpt.close()
     assert steps(tmp_path) == [2, 3]  # step 2 was kept locally until it was uploaded
     assert steps(remote) == [1, 2, 3]  # step 2 made it on its second try
-    assert sk.verify(remote).ok
+    assert sk.audit.verify(remote).ok
 
 
 def test_a_transfer_that_fails_once_is_retried(
-    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    s3_server: S3Server,
+    remote: sk.storage.FsspecStorage,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     remote.fs.retries = 1
     failures: list[str] = []
@@ -156,11 +159,11 @@ def test_a_transfer_that_fails_once_is_retried(
         ckpt.save(1, state)
         ckpt.wait()
     assert len(failures) == 1
-    assert steps(remote) == [1] and sk.verify(remote).ok
+    assert steps(remote) == [1] and sk.audit.verify(remote).ok
 
 
 def test_resume_from_the_mirror_when_the_local_tier_is_gone_or_damaged(
-    tmp_path: Path, remote: sk.FsspecStorage
+    tmp_path: Path, remote: sk.storage.FsspecStorage
 ) -> None:
     state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt:
@@ -188,7 +191,7 @@ def test_resume_from_the_mirror_when_the_local_tier_is_gone_or_damaged(
 
 
 def test_a_damaged_local_file_is_never_uploaded_as_good(
-    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, remote: sk.storage.FsspecStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, adapter, opt = lora_state(width=128)
     # (typing) an internal function the test drives or wraps
@@ -205,14 +208,14 @@ def test_a_damaged_local_file_is_never_uploaded_as_good(
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote, backoff=0.0)) as ckpt:
         lora_step(adapter, opt)
         ckpt.save(1, state)
-        with pytest.raises(sk.MirrorError) as caught:
+        with pytest.raises(sk.errors.MirrorError) as caught:
             ckpt.wait()
     assert isinstance(caught.value.__cause__, sk.CorruptCheckpointError)
     assert steps(remote) == []
 
 
 def test_unchanged_files_are_copied_by_the_store_on_the_mirror_too(
-    tmp_path: Path, remote: sk.FsspecStorage, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, remote: sk.storage.FsspecStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     uploaded: list[str] = []
     real = fsspec_storage._FsspecFiles.write_chunks
@@ -230,11 +233,11 @@ def test_unchanged_files_are_copied_by_the_store_on_the_mirror_too(
         ckpt.wait()
     assert "step_000000001/tensors-00000.safetensors" in uploaded
     assert "step_000000002/tensors-00000.safetensors" not in uploaded  # the frozen shard
-    assert sk.verify(remote).ok
+    assert sk.audit.verify(remote).ok
 
 
 def test_a_killed_upload_is_resumed_by_the_next_process(
-    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage
+    tmp_path: Path, s3_server: S3Server, remote: sk.storage.FsspecStorage
 ) -> None:
     child = launcher.Popen(
         [sys.executable, "-m", "tests.helpers.mirror_saver", str(tmp_path), s3_server.endpoint,
@@ -252,25 +255,25 @@ def test_a_killed_upload_is_resumed_by_the_next_process(
         ckpt.save(3, state)  # local retention keeps step 2: its upload is not done
         ckpt.wait()
     assert steps(remote) == [1, 2, 3]  # the restarted process uploaded the cut step
-    assert sk.verify(remote).ok
+    assert sk.audit.verify(remote).ok
     assert steps(tmp_path) == [2, 3]  # step 2: resumed from, and waiting at the save
 
 
 def test_mirror_arguments_are_checked(tmp_path: Path) -> None:
-    with pytest.raises(sk.InvalidArgumentError, match="retention policy"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="retention policy"):
         sk.Mirror("memory://m", keep=3)
-    with pytest.raises(sk.InvalidArgumentError, match="concurrency"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="concurrency"):
         sk.Mirror("memory://m", concurrency=0)
-    with pytest.raises(sk.InvalidArgumentError, match="backoff"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="backoff"):
         sk.Mirror("memory://m", backoff=-1)
-    with pytest.raises(sk.InvalidArgumentError, match=r"statekeeper\.Mirror"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"statekeeper\.Mirror"):
         sk.Checkpointer(tmp_path, mirror="s3://b/run")
     # values of the right type out of range are the ValueError kind, not the TypeError one
     for bad in ({"timeout": 0}, {"timeout": float("nan")}, {"close_timeout": -1.0}):
-        with pytest.raises(sk.InvalidArgumentError, match=next(iter(bad))) as caught:
+        with pytest.raises(sk.errors.InvalidArgumentError, match=next(iter(bad))) as caught:
             sk.Mirror("memory://m", **bad)
         assert not isinstance(caught.value, TypeError)
-    with pytest.raises(sk.InvalidArgumentError, match="retries") as caught:
+    with pytest.raises(sk.errors.InvalidArgumentError, match="retries") as caught:
         sk.Mirror("memory://m", retries=-1)
     assert not isinstance(caught.value, TypeError)
 
@@ -282,7 +285,7 @@ def test_a_mirror_on_another_local_disk_works_the_same(tmp_path: Path) -> None:
             lora_step(adapter, opt)
             ckpt.save(step, state)
     assert steps(tmp_path / "slow") == [1, 2]
-    assert sk.verify(tmp_path / "slow").ok
+    assert sk.audit.verify(tmp_path / "slow").ok
     shutil.rmtree(tmp_path / "fast")
     fresh, _, _ = lora_state(width=128)
     with warnings.catch_warnings():
@@ -292,7 +295,7 @@ def test_a_mirror_on_another_local_disk_works_the_same(tmp_path: Path) -> None:
 
 
 def test_a_preemption_saves_at_once_without_waiting_for_uploads(
-    tmp_path: Path, remote: sk.FsspecStorage, release: threading.Event
+    tmp_path: Path, remote: sk.storage.FsspecStorage, release: threading.Event
 ) -> None:
     import signal
 
@@ -315,18 +318,18 @@ def test_a_preemption_saves_at_once_without_waiting_for_uploads(
     assert steps(remote) == [1, 2]  # close() waited for both uploads
 
 
-def test_background_saves_with_a_mirror(tmp_path: Path, remote: sk.FsspecStorage) -> None:
+def test_background_saves_with_a_mirror(tmp_path: Path, remote: sk.storage.FsspecStorage) -> None:
     state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path, blocking=False, mirror=sk.Mirror(remote)) as ckpt:
         for step in (1, 2, 3):
             lora_step(adapter, opt)
             ckpt.save(step, state)
         ckpt.wait()
-    assert steps(remote) == [1, 2, 3] and sk.verify(remote).ok
+    assert steps(remote) == [1, 2, 3] and sk.audit.verify(remote).ok
 
 
 def test_an_unreachable_mirror_does_not_stop_a_resume(
-    tmp_path: Path, s3_server: S3Server, remote: sk.FsspecStorage
+    tmp_path: Path, s3_server: S3Server, remote: sk.storage.FsspecStorage
 ) -> None:
     state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path, mirror=sk.Mirror(remote)) as ckpt:
@@ -351,7 +354,7 @@ class _BrokenPolicy(sk.KeepLatest):
 
 
 def test_a_mirror_retention_policy_that_fails_neither_hangs_nor_loses_the_upload(
-    tmp_path: Path, remote: sk.FsspecStorage
+    tmp_path: Path, remote: sk.storage.FsspecStorage
 ) -> None:
     state, adapter, opt = lora_state(width=128)
     mirror = sk.Mirror(remote, keep=_BrokenPolicy(1))

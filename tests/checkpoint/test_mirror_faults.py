@@ -52,14 +52,14 @@ FAULTS = 4
 RETRIES = 5
 
 
-def direct(s3_server: S3Server, bucket: str) -> sk.FsspecStorage:
-    return sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
+def direct(s3_server: S3Server, bucket: str) -> sk.storage.FsspecStorage:
+    return sk.storage.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
 
 
-def through(proxy: FaultyProxy, bucket: str) -> sk.FsspecStorage:
+def through(proxy: FaultyProxy, bucket: str) -> sk.storage.FsspecStorage:
     """The run through the proxy, by a client that does not retry on its own (s3fs's retry
     loop off, as botocore's): a fault the proxy injects is the one the mirror sees."""
-    storage = sk.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
+    storage = sk.storage.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
     storage.fs.retries = 1
     return storage
 
@@ -85,7 +85,7 @@ def returns(call: Callable[[], Any]) -> Any:
     return out[0] if out else None
 
 
-def two_steps_uploaded(tmp_path: Path, remote: sk.FsspecStorage) -> dict[str, torch.Tensor]:
+def two_steps_uploaded(tmp_path: Path, remote: sk.storage.FsspecStorage) -> dict[str, torch.Tensor]:
     """Steps 1 and 2 on both tiers (``tmp_path / "node-a"``); step 2's model state."""
     state, adapter, opt = lora_state(width=128)
     with sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt:
@@ -120,7 +120,7 @@ def test_a_mirror_that_cannot_be_listed_is_an_error_not_an_empty_run(
     fresh, _, _ = lora_state(width=128)
     mirror = sk.Mirror(through(proxy, bucket), retries=1, backoff=0.0)
     with sk.Checkpointer(tmp_path / "node-b", mirror=mirror) as ckpt:
-        with pytest.raises(sk.MirrorError, match="not started from scratch"):
+        with pytest.raises(sk.errors.MirrorError, match="not started from scratch"):
             ckpt.restore_latest(fresh)  # never None: a fresh start would lose the run
         proxy.up()
         assert ckpt.restore_latest(fresh) == 2
@@ -162,7 +162,7 @@ def test_a_newest_step_the_mirror_cannot_deliver_is_not_replaced_by_an_older_one
     mirror = sk.Mirror(through(proxy, bucket), retries=1, backoff=0.0)
     with (
         sk.Checkpointer(tmp_path / "node-b", mirror=mirror) as ckpt,
-        pytest.raises(sk.MirrorError, match="step 2") as caught,
+        pytest.raises(sk.errors.MirrorError, match="step 2") as caught,
     ):
         ckpt.restore_latest(fresh)  # never step 1 in its place
     assert caught.value.steps == (2,)
@@ -196,7 +196,7 @@ def test_close_with_a_hung_mirror_returns_and_the_next_process_uploads_the_step(
     proxy.hang()
     lora_step(adapter, opt)
     ckpt.save(2, state)
-    with pytest.raises(sk.MirrorError, match="step 2"):
+    with pytest.raises(sk.errors.MirrorError, match="step 2"):
         returns(ckpt.close)  # bounded: each request gives up after Mirror.timeout
     assert steps(direct(s3_server, bucket)) == [1]
     lora_step(adapter, opt)
@@ -274,7 +274,7 @@ def test_a_script_that_ends_without_close_finishes_its_uploads(
     assert done.returncode == 0, done.stderr
     assert steps(tmp_path) == [1, 2, 3]
     assert steps(remote) == [1, 2, 3], done.stderr
-    assert sk.verify(remote).ok
+    assert sk.audit.verify(remote).ok
 
 
 def test_a_step_another_process_commits_is_seen_by_a_process_that_listed_before(
@@ -288,9 +288,9 @@ def test_a_step_another_process_commits_is_seen_by_a_process_that_listed_before(
     state = {"w": torch.zeros(1000)}
     sk.save(url, state, step=1)
     assert steps(url) == [1]  # listed once, through fsspec's cached file system
-    reader = sk.FsspecStorage(url)
+    reader = sk.storage.FsspecStorage(url)
     assert steps(reader) == [1]
-    writer = sk.FsspecStorage(url, **s3_server.options)  # another client: another process
+    writer = sk.storage.FsspecStorage(url, **s3_server.options)  # another client: another process
     sk.save(writer, {"w": torch.ones(1000)}, step=2)
     assert steps(url) == [1, 2]
     assert steps(reader) == [1, 2]
@@ -329,7 +329,7 @@ def test_a_mirror_that_is_the_run_directory_under_another_spelling_is_refused(
         os.path.relpath(run),
     ]
     for spelling in spellings:
-        with pytest.raises(sk.InvalidArgumentError, match="is the run directory"):
+        with pytest.raises(sk.errors.InvalidArgumentError, match="is the run directory"):
             sk.Checkpointer(run, mirror=sk.Mirror(spelling))
     with sk.Checkpointer(run, mirror=sk.Mirror(tmp_path / "elsewhere")) as ckpt:
         assert ckpt.mirror_status() is not None

@@ -24,8 +24,8 @@ def proxy(s3_server: S3Server) -> FaultyProxy:
     return FaultyProxy(s3_server.port)
 
 
-def through(proxy: FaultyProxy, bucket: str) -> sk.FsspecStorage:
-    storage = sk.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
+def through(proxy: FaultyProxy, bucket: str) -> sk.storage.FsspecStorage:
+    storage = sk.storage.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
     storage.fs.retries = 1
     return storage
 
@@ -37,7 +37,7 @@ def listings(requests: list[str]) -> list[str]:
 def test_the_newest_step_of_a_mirror_costs_listings_that_do_not_grow_with_its_files(
     tmp_path: Path, s3_server: S3Server, proxy: FaultyProxy, bucket: str
 ) -> None:
-    remote = sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
+    remote = sk.storage.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
     state, adapter, opt = lora_state(width=64)
     with sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt:
         for step in (1, 2, 3):
@@ -70,14 +70,14 @@ def test_the_newest_step_of_a_mirror_costs_listings_that_do_not_grow_with_its_fi
 def test_the_top_level_listing_is_never_served_from_a_cache(
     tmp_path: Path, s3_server: S3Server, proxy: FaultyProxy, bucket: str
 ) -> None:
-    remote = sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
+    remote = sk.storage.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
     with sk.Checkpointer(tmp_path / "node-a", mirror=sk.Mirror(remote)) as ckpt:
         ckpt.save(1, {"w": torch.ones(100)})
     mirror = sk.Mirror(through(proxy, bucket))
     with sk.Checkpointer(tmp_path / "node-b", mirror=mirror) as reader:
         live = {"w": torch.zeros(100)}
         assert reader.restore_latest(live) == 1  # its client has listed the mirror once
-        other = sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
+        other = sk.storage.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
         with sk.Checkpointer(tmp_path / "node-c", mirror=sk.Mirror(other)) as writer:
             writer.save(2, {"w": torch.full((100,), 2.0)})  # another node, meanwhile
         assert reader.restore_latest(live) == 2

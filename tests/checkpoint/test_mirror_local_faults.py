@@ -40,7 +40,7 @@ def test_an_unlistable_local_mirror_does_not_stop_a_resume_with_local_steps(
 def test_an_unlistable_local_mirror_and_no_local_step_is_a_mirror_error(tmp_path: Path) -> None:
     ckpt, _ = _broken_mirror(tmp_path, local_steps=False)
     try:
-        with pytest.raises(sk.MirrorError, match="cannot list the mirror"):
+        with pytest.raises(sk.errors.MirrorError, match="cannot list the mirror"):
             ckpt.restore_latest({"w": torch.zeros(3)})
     finally:
         ckpt.close()

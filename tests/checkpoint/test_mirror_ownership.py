@@ -32,12 +32,12 @@ def proxy(s3_server: S3Server) -> FaultyProxy:
     return FaultyProxy(s3_server.port)
 
 
-def direct(s3_server: S3Server, bucket: str) -> sk.FsspecStorage:
-    return sk.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
+def direct(s3_server: S3Server, bucket: str) -> sk.storage.FsspecStorage:
+    return sk.storage.FsspecStorage(f"s3://{bucket}/run", **s3_server.options)
 
 
-def through(proxy: FaultyProxy, bucket: str) -> sk.FsspecStorage:
-    storage = sk.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
+def through(proxy: FaultyProxy, bucket: str) -> sk.storage.FsspecStorage:
+    storage = sk.storage.FsspecStorage(f"s3://{bucket}/run", **proxy.options)
     storage.fs.retries = 1
     return storage
 
@@ -61,7 +61,7 @@ def test_a_checkpointer_refused_by_the_lock_touches_neither_journal_nor_mirror(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # not even a word about the journal's steps
-            with pytest.raises(sk.WriterConflictError):
+            with pytest.raises(sk.errors.WriterConflictError):
                 sk.Checkpointer(run, mirror=sk.Mirror(through(proxy, bucket)))
     finally:
         holder.close()

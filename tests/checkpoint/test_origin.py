@@ -26,7 +26,7 @@ def test_every_new_step_records_its_versions_and_origin(tmp_path: Path) -> None:
     assert {"statekeeper", "torch", "python", "numpy"} <= set(info.library)
     assert info.origin["world_size"] == 1 and "cpu" in info.origin["devices"]
     assert info.origin["hostname"] and isinstance(info.origin["argv"], list)
-    report = sk.inspect(tmp_path)
+    report = sk.audit.inspect(tmp_path)
     assert report.origin == info.origin
     listed = CliRunner().invoke(cli, ["ls", str(tmp_path), "--json"])
     row = json.loads(listed.output)["checkpoints"][0]

@@ -71,19 +71,19 @@ def test_secret_looking_arguments_are_redacted_by_default(tmp_path: Path) -> Non
 
 @pytest.mark.usefixtures("secret_argv")
 def test_full_records_the_command_line_as_run(tmp_path: Path) -> None:
-    sk.save(tmp_path, {"w": torch.ones(1)}, step=1, origin=sk.Origin.FULL)
+    sk.save(tmp_path, {"w": torch.ones(1)}, step=1, origin=sk.training.Origin.FULL)
     assert _manifest(tmp_path, 1)[1]["argv"] == SECRET_ARGV
 
 
 @pytest.mark.usefixtures("secret_argv")
 def test_minimal_records_neither_command_line_nor_host(tmp_path: Path) -> None:
-    with sk.Checkpointer(tmp_path, origin=sk.Origin.MINIMAL) as ckpt:
+    with sk.Checkpointer(tmp_path, origin=sk.training.Origin.MINIMAL) as ckpt:
         ckpt.save(1, {"w": torch.ones(1)})
     text, origin = _manifest(tmp_path, 1)
     assert "argv" not in origin and "hostname" not in origin
     assert origin["world_size"] == 1 and "cpu" in origin["devices"]
     assert "train.py" not in text
-    sk.save(tmp_path, {"w": torch.ones(1)}, step=2, origin=sk.Origin.NONE)
+    sk.save(tmp_path, {"w": torch.ones(1)}, step=2, origin=sk.training.Origin.NONE)
     assert '"origin"' not in _manifest(tmp_path, 2)[0]
 
 
@@ -97,7 +97,7 @@ def test_the_environment_sets_the_level_for_a_job(
         ckpt.save(2, {"w": torch.ones(1)})
     for step in (1, 2):
         assert {"argv", "hostname"}.isdisjoint(_manifest(tmp_path, step)[1])
-    sk.save(tmp_path, {"w": torch.ones(1)}, step=3, origin=sk.Origin.FULL)  # the call wins
+    sk.save(tmp_path, {"w": torch.ones(1)}, step=3, origin=sk.training.Origin.FULL)  # the call wins
     assert _manifest(tmp_path, 3)[1]["argv"] == SECRET_ARGV
 
 
@@ -105,11 +105,13 @@ def test_the_environment_sets_the_level_for_a_job(
 def test_a_wrong_level_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(sk.InvalidArgumentError, match=r"statekeeper\.Origin"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"statekeeper\.Origin"):
         sk.save(tmp_path, {"w": torch.ones(1)}, step=1, origin="minimal")
     monkeypatch.setenv("STATEKEEPER_ORIGIN", "secret")
-    with pytest.raises(sk.InvalidArgumentError, match=r"STATEKEEPER_ORIGIN='secret'.*minimal"):
+    with pytest.raises(
+        sk.errors.InvalidArgumentError, match=r"STATEKEEPER_ORIGIN='secret'.*minimal"
+    ):
         sk.save(tmp_path, {"w": torch.ones(1)}, step=1)
-    with pytest.raises(sk.InvalidArgumentError, match="STATEKEEPER_ORIGIN"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="STATEKEEPER_ORIGIN"):
         sk.Checkpointer(tmp_path)
     assert sk.list_checkpoints(tmp_path) == []

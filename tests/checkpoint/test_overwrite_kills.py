@@ -127,10 +127,10 @@ def test_load_and_listing_take_a_set_aside_copy_as_the_committed_step(tmp_path: 
     sk.save(tmp_path, state_for(STEP), step=STEP)
     (tmp_path / ENTRY).rename(tmp_path / f"{ENTRY}.replaced-00ff00ff00ff")
     assert [i.step for i in sk.list_checkpoints(tmp_path)] == [4, STEP]
-    assert sk.list_partial(tmp_path) == []
+    assert sk.audit.list_partial(tmp_path) == []
     assert _same(sk.read(tmp_path), STEP)
-    with pytest.raises(sk.StepExistsError):
+    with pytest.raises(sk.errors.StepExistsError):
         sk.save(tmp_path, state_for(STEP), step=STEP)  # it is committed
-    assert sk.remove_partial(tmp_path) == []
+    assert sk.audit.remove_partial(tmp_path) == []
     assert (tmp_path / ENTRY).is_dir()  # put back under its own name
     assert _same(sk.read(tmp_path), STEP)

@@ -60,7 +60,7 @@ def test_a_second_save_into_the_directory_while_one_runs_is_refused(gated: Gated
     before = _save_threads()
     first = sk.save(gated, {"x": torch.ones(3)}, step=1, blocking=False)
     assert not first.done()
-    with pytest.raises(sk.WriterConflictError, match="being written"):
+    with pytest.raises(sk.errors.WriterConflictError, match="being written"):
         sk.save(gated, {"x": torch.ones(3)}, step=2, blocking=False)
     gated.gate.set()
     assert first.wait().step == 1
@@ -117,7 +117,7 @@ def test_a_failed_save_dropped_unwaited_warns_and_the_next_save_goes_on() -> Non
 
 def test_a_failure_looked_at_through_error_is_not_warned_again() -> None:
     _, pending = _failed("error")
-    assert isinstance(pending.error, sk.InjectedFailure)
+    assert isinstance(pending.error, sk.storage.InjectedFailure)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sk.StatekeeperWarning)
         del pending

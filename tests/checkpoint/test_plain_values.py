@@ -42,9 +42,11 @@ def test_a_read_only_mapping_with_plain_values_is_refused_before_anything_change
     model = _model(2)
     before = model.weight.clone()
     frozen = MappingProxyType({"model": model, "epoch": 0})
-    with pytest.raises(sk.InvalidArgumentError, match=r"plain values \(epoch\).*statekeeper.Value"):
+    with pytest.raises(
+        sk.errors.InvalidArgumentError, match=r"plain values \(epoch\).*statekeeper.Value"
+    ):
         sk.load(tmp_path, frozen)
-    with sk.Checkpointer(tmp_path) as ckpt, pytest.raises(sk.InvalidArgumentError):
+    with sk.Checkpointer(tmp_path) as ckpt, pytest.raises(sk.errors.InvalidArgumentError):
         ckpt.restore_latest(frozen)
     assert torch.equal(model.weight, before)
     sk.save(tmp_path, {"model": _model(1), "epoch": sk.Value(4)}, step=6)

@@ -54,11 +54,11 @@ def test_a_failing_hook_before_the_commit_commits_nothing(tmp_path: Path) -> Non
     finally:
         points.set_hook(previous)
     assert sk.list_checkpoints(tmp_path) == []
-    assert sk.list_partial(tmp_path) == []  # the save cleaned up after itself
+    assert sk.audit.list_partial(tmp_path) == []  # the save cleaned up after itself
 
 
 def test_a_bad_kill_spec_names_the_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KILL_AT, "halfway")
-    with pytest.raises(sk.InvalidArgumentError, match="manifest-written") as caught:
+    with pytest.raises(sk.errors.InvalidArgumentError, match="manifest-written") as caught:
         sk.save(tmp_path, {"x": torch.zeros(3)}, step=1)
     assert isinstance(caught.value, ValueError)

@@ -27,18 +27,18 @@ RUN = _infos({10: 0.9, 20: 0.5, 30: 0.7, 40: None, 50: 0.6, 60: 0.8})
         (sk.KeepLatest(3), {40, 50, 60}),
         (sk.KeepLatest(100), {10, 20, 30, 40, 50, 60}),
         (sk.KeepBest(2, metric="val"), {20, 50}),
-        (sk.KeepBest(1, metric="val", mode=sk.Mode.MAX), {10}),
+        (sk.KeepBest(1, metric="val", mode=sk.MetricGoal.MAX), {10}),
         (sk.KeepBest(2, metric="missing"), set()),
         (sk.KeepEvery(20), {20, 40, 60}),
         (sk.KeepLatest(1) | sk.KeepBest(1, metric="val"), {20, 60}),
         (
-            sk.KeepEvery(30) | sk.KeepLatest(2) | sk.KeepBest(1, "val", sk.Mode.MAX),
+            sk.KeepEvery(30) | sk.KeepLatest(2) | sk.KeepBest(1, "val", sk.MetricGoal.MAX),
             {10, 30, 50, 60},
         ),
     ],
     ids=repr,
 )
-def test_retention_decisions(policy: sk.Retention, kept: set[int]) -> None:
+def test_retention_decisions(policy: sk.training.Retention, kept: set[int]) -> None:
     assert policy.keep(RUN) == kept
 
 
@@ -56,7 +56,7 @@ def test_best_ties_go_to_the_newer_step_and_nan_is_never_best() -> None:
     ],
     ids=repr,
 )
-def test_step_save_policies(policy: sk.SavePolicy, saves: list[int]) -> None:
+def test_step_save_policies(policy: sk.training.SavePolicy, saves: list[int]) -> None:
     assert [s for s in range(11) if policy.should_save(s, 0.0)] == saves
 
 
@@ -81,7 +81,7 @@ def test_every_seconds_counts_from_the_last_save() -> None:
     ],
 )
 def test_policies_are_validated_on_construction(build: Any) -> None:
-    with pytest.raises(sk.InvalidArgumentError):
+    with pytest.raises(sk.errors.InvalidArgumentError):
         build()
 
 
@@ -101,4 +101,4 @@ def test_keep_best_ranks_integers_too_large_for_a_float() -> None:
     huge = 10**4000  # what a crafted manifest can hold; float(huge) overflows
     infos = [info(1, huge), info(2, 0.5), info(3, -huge), info(4, float("nan")), info(5, True)]
     assert sk.KeepBest(2, metric="loss").keep(infos) == {3, 2}
-    assert sk.KeepBest(1, metric="loss", mode=sk.Mode.MAX).keep(infos) == {1}
+    assert sk.KeepBest(1, metric="loss", mode=sk.MetricGoal.MAX).keep(infos) == {1}

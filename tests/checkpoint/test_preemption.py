@@ -176,7 +176,7 @@ def test_closing_in_any_order_or_never_leaves_signals_working(tmp_path: Path) ->
 
 @pytest.mark.parametrize("bad", [(), (signal.SIGKILL,), ("NOPE",), (True,)])
 def test_on_signal_refuses_what_cannot_be_watched(bad: tuple[Any, ...]) -> None:
-    with pytest.raises(sk.InvalidArgumentError):
+    with pytest.raises(sk.errors.InvalidArgumentError):
         sk.OnSignal(*bad)
 
 
@@ -193,7 +193,7 @@ def test_signal_handlers_need_the_main_thread(tmp_path: Path) -> None:
     thread = threading.Thread(target=make)
     thread.start()
     thread.join(60)
-    assert len(errors) == 1 and isinstance(errors[0], sk.InvalidArgumentError)
+    assert len(errors) == 1 and isinstance(errors[0], sk.errors.InvalidArgumentError)
     assert "main thread" in str(errors[0])
     assert signal.getsignal(signal.SIGTERM) is before
     with sk.Checkpointer(tmp_path):  # the failed one did not keep the writer lock

@@ -48,13 +48,13 @@ def test_a_restarted_run_saves_again_over_its_damaged_steps(tmp_path: Path) -> N
 
     assert [i.step for i in sk.list_checkpoints(tmp_path)] == [1, 2, 3, 4]
     assert all(i.error is None for i in sk.list_checkpoints(tmp_path))
-    assert sk.verify(tmp_path, step=3).ok and sk.verify(tmp_path, step=4).ok
+    assert sk.audit.verify(tmp_path, step=3).ok and sk.audit.verify(tmp_path, step=4).ok
     for step, new in ((3, 30), (4, 40)):
         assert_state_equal({"w": sk.read(tmp_path, step=step)["w"]}, {"w": _state(new)["w"]})
         (aside,) = tmp_path.glob(f"step_{step:09d}.damaged-*")  # the evidence, unchanged
         assert next(aside.glob("tensors-*.safetensors")).read_bytes() == damaged[step]
 
-    sk.remove_partial(tmp_path)  # clean-up keeps the evidence
+    sk.audit.remove_partial(tmp_path)  # clean-up keeps the evidence
     with sk.Checkpointer(tmp_path) as ckpt:
         assert ckpt.restore_latest(_state(0)) == 4  # and resume never reads it
     assert len(list(tmp_path.glob("step_*.damaged-*"))) == 2

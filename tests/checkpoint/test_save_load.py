@@ -168,7 +168,7 @@ def test_strictness_opt_outs(tmp_path: Path, strict: sk.Strict, raises: bool) ->
 
 def test_strict_must_be_the_enum(tmp_path: Path) -> None:
     sk.save(tmp_path, {"x": 1}, step=1)
-    with pytest.raises(sk.InvalidArgumentError, match="Strict"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="Strict"):
         sk.load(tmp_path, {"x": 0}, strict=False)
 
 
@@ -204,7 +204,7 @@ def test_plain_values_load_in_place_or_come_back(tmp_path: Path) -> None:
 
 def test_existing_step_is_never_overwritten_silently(tmp_path: Path) -> None:
     sk.save(tmp_path, {"x": 1}, step=3)
-    with pytest.raises(sk.StepExistsError, match="overwrite=True") as info:
+    with pytest.raises(sk.errors.StepExistsError, match="overwrite=True") as info:
         sk.save(tmp_path, {"x": 2}, step=3)
     assert isinstance(info.value, FileExistsError)
     assert sk.read(tmp_path)["x"] == 1
@@ -234,7 +234,7 @@ def test_newest_step_is_loaded_by_default_and_steps_sort_numerically(tmp_path: P
 
 
 def test_unsupported_values_write_nothing(tmp_path: Path) -> None:
-    with pytest.raises(sk.UnsupportedValueError, match=r"opt/extra/fn"):
+    with pytest.raises(sk.errors.UnsupportedValueError, match=r"opt/extra/fn"):
         sk.save(tmp_path, {"opt": {"extra": {"fn": lambda: 1}}}, step=1)
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == []
 
@@ -249,7 +249,7 @@ def test_a_state_dict_that_raises_commits_nothing(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match="boom"):
         sk.save(tmp_path, {"b": Broken()}, step=1)
-    assert sk.list_checkpoints(tmp_path) == [] and sk.list_partial(tmp_path) == []
+    assert sk.list_checkpoints(tmp_path) == [] and sk.audit.list_partial(tmp_path) == []
 
 
 def test_frozen_parameters_get_shards_of_their_own(tmp_path: Path) -> None:
@@ -271,10 +271,10 @@ def test_shards_are_capped_in_size(tmp_path: Path) -> None:
 
 def test_a_second_writer_gets_a_clear_error(tmp_path: Path) -> None:
     with LocalStorage(tmp_path).writer_lock():
-        with pytest.raises(sk.WriterConflictError, match=f"pid {os.getpid()}"):
+        with pytest.raises(sk.errors.WriterConflictError, match=f"pid {os.getpid()}"):
             sk.save(tmp_path, {"x": 1}, step=1)
         with pytest.raises(BlockingIOError):
-            sk.remove_partial(tmp_path)
+            sk.audit.remove_partial(tmp_path)
     sk.save(tmp_path, {"x": 1}, step=1)
 
 
@@ -283,20 +283,20 @@ def test_remove_partial_removes_only_abandoned_saves(tmp_path: Path) -> None:
     (tmp_path / "step_000000002.partial-0123abcd").mkdir()
     (tmp_path / "step_000000002.partial-0123abcd" / "tensors-00000.safetensors").write_bytes(b"x")
     (tmp_path / "notes").mkdir()
-    assert [p.step for p in sk.list_partial(tmp_path)] == [2]
-    assert sk.remove_partial(tmp_path) == ["step_000000002.partial-0123abcd"]
+    assert [p.step for p in sk.audit.list_partial(tmp_path)] == [2]
+    assert sk.audit.remove_partial(tmp_path) == ["step_000000002.partial-0123abcd"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["notes", "step_000000001"]
 
 
 @pytest.mark.parametrize("step", [-1, 1.0, True, "3"])
 def test_bad_steps_are_rejected(tmp_path: Path, step: Any) -> None:
-    with pytest.raises(sk.InvalidArgumentError, match="step"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="step"):
         sk.save(tmp_path, {"x": 1}, step=step)
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "$x", 3])
 def test_bad_state_names_are_rejected(tmp_path: Path, name: Any) -> None:
-    with pytest.raises(sk.InvalidArgumentError, match="state name"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="state name"):
         sk.save(tmp_path, {name: 1}, step=1)
 
 
@@ -311,9 +311,11 @@ def test_bad_state_names_are_rejected(tmp_path: Path, name: Any) -> None:
 def test_dtypes_safetensors_cannot_store_are_refused_before_writing(
     tmp_path: Path, value: torch.Tensor
 ) -> None:
-    with pytest.raises(sk.UnsupportedValueError, match=r"state at m/w holds tensors of dtype"):
+    with pytest.raises(
+        sk.errors.UnsupportedValueError, match=r"state at m/w holds tensors of dtype"
+    ):
         sk.save(tmp_path, {"m": {"w": value}}, step=1)
-    assert sk.list_checkpoints(tmp_path) == [] and sk.list_partial(tmp_path) == []
+    assert sk.list_checkpoints(tmp_path) == [] and sk.audit.list_partial(tmp_path) == []
 
 
 def test_retyped_views_of_one_storage_are_stored_separately(tmp_path: Path) -> None:
@@ -356,5 +358,5 @@ def test_save_reports_progress_in_bytes(tmp_path: Path) -> None:
     total = sum(p.stat().st_size for p in (tmp_path / "step_000000001").glob("*.safetensors"))
     assert calls and calls[-1] == (total, total)
     assert all(a <= b for (a, _), (b, _) in itertools.pairwise(calls))
-    with pytest.raises(sk.InvalidArgumentError, match="progress"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="progress"):
         sk.save(tmp_path, state, step=2, blocking=False, progress=lambda d, t: None)

@@ -74,13 +74,13 @@ def test_existing_safetensors_file_is_not_replaced_without_overwrite(
     assert result.exit_code == 1
     assert str(out) in result.stderr and "--overwrite" in result.stderr
     assert out.read_bytes() == b"precious"
-    with pytest.raises(sk.OutputExistsError, match="already exists") as info:
-        sk.convert(source, out)
+    with pytest.raises(sk.errors.OutputExistsError, match="already exists") as info:
+        sk.conversion.convert(source, out)
     assert isinstance(info.value, FileExistsError) and info.value.path == str(out)
-    assert not isinstance(info.value, sk.StepExistsError)  # a file, not a step
+    assert not isinstance(info.value, sk.errors.StepExistsError)  # a file, not a step
     assert "overwrite=True" in str(info.value) and "--" not in str(info.value)
     assert out.read_bytes() == b"precious"
     assert invoke("convert", source, "-o", out, "--overwrite").exit_code == 0
     assert_state_equal(sk.read(out), formats.weights())
-    sk.convert(source, out, overwrite=True)
+    sk.conversion.convert(source, out, overwrite=True)
     assert_state_equal(sk.read(out), formats.weights())

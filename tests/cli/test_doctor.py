@@ -156,7 +156,9 @@ def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
     assert "\n_Observer.statekeeper_transient = ('last',)" in result.output
     assert "statekeeper_transient = ('hidden', 'last_input')" in result.output
     assert "statekeeper_batch_state = ('membrane',)" in result.output
-    assert "include=statekeeper.ClearInclude.BATCH_STATE, like=fresh_model" in result.output
+    assert (
+        "include=statekeeper.clearing.ClearInclude.BATCH_STATE, like=fresh_model" in result.output
+    )
     data = json.loads(
         CliRunner()
         .invoke(main, ["doctor", f"{__name__}:transient_model", "--fix-transient", "--json"])
@@ -179,7 +181,7 @@ def test_fix_transient_prints_the_declarations_to_add_and_they_work() -> None:
     model = Declared()
     with torch.no_grad():
         model(torch.ones(3, 4))
-    sk.clear_state(model, include=sk.ClearInclude.BATCH_STATE, like=Declared())
+    sk.clearing.clear_state(model, include=sk.clearing.ClearInclude.BATCH_STATE, like=Declared())
     assert model.hidden is None and not hasattr(model, "last_input")  # __init__ made none
     assert torch.equal(model.membrane, torch.zeros(1, 4))  # as __init__ made it
 

@@ -94,7 +94,7 @@ def test_verify_checks_every_byte_of_each_lightning_step(
     assert [e["status"] for e in report["entries"]] == ["damaged", "verified", "verified"]
     assert shard.name in report["entries"][0]["error"] and report["ok"] is False
     assert invoke("verify", where, "--step", "4").exit_code == 0  # the intact step alone
-    assert sk.verify(where, step=4).ok and not sk.verify(where).ok  # the Python API too
+    assert sk.audit.verify(where, step=4).ok and not sk.audit.verify(where).ok  # the Python API too
 
 
 def test_stock_lightning_checkpoints_are_read_by_the_restricted_reader_only(

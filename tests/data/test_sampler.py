@@ -12,7 +12,7 @@ import statekeeper as sk
 
 
 def test_order_is_a_pure_function_of_seed_and_epoch() -> None:
-    a, b = sk.ResumableSampler(range(50), seed=3), sk.ResumableSampler(range(50), seed=3)
+    a, b = sk.data.ResumableSampler(range(50), seed=3), sk.data.ResumableSampler(range(50), seed=3)
     torch.manual_seed(0)
     first = list(a)
     torch.manual_seed(99)  # the global generator plays no part
@@ -20,11 +20,11 @@ def test_order_is_a_pure_function_of_seed_and_epoch() -> None:
     assert sorted(first) == list(range(50))
     assert list(a) != first  # epoch 1 is another permutation
     assert a.epoch == 2 and b.epoch == 1
-    assert list(sk.ResumableSampler(range(50), seed=4)) != first
+    assert list(sk.data.ResumableSampler(range(50), seed=4)) != first
 
 
 def test_indices_carry_their_epoch() -> None:
-    sampler = sk.ResumableSampler(range(4), seed=0)
+    sampler = sk.data.ResumableSampler(range(4), seed=0)
     list(sampler)
     assert {i.epoch for i in sampler} == {1}
 
@@ -34,7 +34,9 @@ def test_indices_carry_their_epoch() -> None:
 )
 def test_ranks_partition_each_epoch(n: int, replicas: int, drop_last: bool) -> None:
     ranks = [
-        sk.ResumableSampler(range(n), seed=1, num_replicas=replicas, rank=r, drop_last=drop_last)
+        sk.data.ResumableSampler(
+            range(n), seed=1, num_replicas=replicas, rank=r, drop_last=drop_last
+        )
         for r in range(replicas)
     ]
     shards = [list(s) for s in ranks]
@@ -47,47 +49,49 @@ def test_ranks_partition_each_epoch(n: int, replicas: int, drop_last: bool) -> N
 
 
 def test_resuming_mid_epoch_continues_the_same_order() -> None:
-    sampler = sk.ResumableSampler(range(30), seed=2)
+    sampler = sk.data.ResumableSampler(range(30), seed=2)
     it = iter(sampler)
     head = [next(it) for _ in range(11)]
     state = sampler.state_dict()
     rest = list(it)
-    fresh = sk.ResumableSampler(range(30), seed=2)
+    fresh = sk.data.ResumableSampler(range(30), seed=2)
     fresh.load_state_dict(state)
     assert list(fresh) == rest
     assert len(head) + len(rest) == 30
 
 
 def test_bad_states_and_arguments_are_refused() -> None:
-    sampler = sk.ResumableSampler(range(5), seed=2)
-    with pytest.raises(sk.InvalidArgumentError, match="seed 1"):
+    sampler = sk.data.ResumableSampler(range(5), seed=2)
+    with pytest.raises(sk.errors.InvalidArgumentError, match="seed 1"):
         sampler.load_state_dict({"seed": 1, "epoch": 0, "position": 0})
-    with pytest.raises(sk.InvalidArgumentError, match="past the epoch"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="past the epoch"):
         sampler.load_state_dict({"seed": 2, "epoch": 0, "position": 6})
-    with pytest.raises(sk.InvalidArgumentError, match="rank"):
-        sk.ResumableSampler(range(5), num_replicas=2, rank=2)
-    with pytest.raises(sk.InvalidArgumentError, match="ResumableSampler"):
-        sk.ResumableLoader(torch.utils.data.DataLoader(range(5), shuffle=True))
+    with pytest.raises(sk.errors.InvalidArgumentError, match="rank"):
+        sk.data.ResumableSampler(range(5), num_replicas=2, rank=2)
+    with pytest.raises(sk.errors.InvalidArgumentError, match="ResumableSampler"):
+        sk.data.ResumableLoader(torch.utils.data.DataLoader(range(5), shuffle=True))
 
 
 def test_set_epoch_starts_that_epoch_over() -> None:
-    sampler = sk.ResumableSampler(range(8), seed=0)
+    sampler = sk.data.ResumableSampler(range(8), seed=0)
     epoch3 = sampler.epoch_indices(3)
     sampler.set_epoch(3)
     assert list(sampler) == epoch3
 
 
 def test_batch_sampler_drop_last_skips_the_short_batch_and_moves_on() -> None:
-    bs = sk.ResumableBatchSampler(sk.ResumableSampler(range(10), seed=0), 4, drop_last=True)
+    bs = sk.data.ResumableBatchSampler(
+        sk.data.ResumableSampler(range(10), seed=0), 4, drop_last=True
+    )
     assert [len(b) for b in bs] == [4, 4]
     assert bs.sampler.epoch == 1 and len(bs) == 2
 
 
 def test_loader_rewinds_what_workers_prefetched_when_a_loop_breaks() -> None:
     data = list(range(40))
-    loader = sk.ResumableLoader(
+    loader = sk.data.ResumableLoader(
         torch.utils.data.DataLoader(
-            data, batch_size=2, sampler=sk.ResumableSampler(data, seed=1), num_workers=2
+            data, batch_size=2, sampler=sk.data.ResumableSampler(data, seed=1), num_workers=2
         )
     )
     expected = [b.tolist() for b in loader]  # epoch 0
@@ -105,7 +109,7 @@ def test_loader_rewinds_what_workers_prefetched_when_a_loop_breaks() -> None:
 
 def test_plain_dataloader_in_the_state_is_refused_with_the_fix(tmp_path: Path) -> None:
     loader: torch.utils.data.DataLoader[int] = torch.utils.data.DataLoader(range(8), shuffle=True)
-    with pytest.raises(sk.InvalidArgumentError, match="ResumableLoader"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="ResumableLoader"):
         sk.save(tmp_path, {"loader": loader}, step=1)
 
 
@@ -123,7 +127,7 @@ def test_stateful_dataloader_with_a_stateless_random_sampler_is_refused(
     tmp_path: Path, sampler: torch.utils.data.Sampler[int]
 ) -> None:
     loader = StatefulDataLoader(range(8), sampler=sampler, batch_size=2)
-    with pytest.raises(sk.InvalidArgumentError, match="cannot resume the same order"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="cannot resume the same order"):
         sk.save(tmp_path, {"loader": loader}, step=1)
     assert sk.list_checkpoints(tmp_path) == []
 
@@ -165,7 +169,7 @@ def test_plain_torchdata_restore_loses_the_order_statekeeper_keeps(tmp_path: Pat
 def test_registering_the_loaders_own_generator_is_refused(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(1)
     loader = StatefulDataLoader(range(8), shuffle=True, generator=gen)
-    with pytest.raises(sk.InvalidArgumentError, match="unregister it"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="unregister it"):
         sk.save(tmp_path, {"loader": loader, "rng": sk.RNGState({"data": gen})}, step=1)
 
 
@@ -177,7 +181,7 @@ def test_seeded_dataset_restores_the_callers_generators() -> None:
         def __getitem__(self, i: int) -> float:
             return float(torch.rand(1))
 
-    data = sk.SeededDataset(Draw(), seed=4)
+    data = sk.data.SeededDataset(Draw(), seed=4)
     torch.manual_seed(0)
     before = torch.get_rng_state()
     first = [data[i] for i in range(3)]

@@ -39,7 +39,7 @@ class Augmented(torch.utils.data.Dataset[torch.Tensor]):
 def _loader(workers: int, persistent: bool, wrapped: bool) -> StatefulDataLoader:
     data: Any = Augmented()
     if wrapped:
-        data = sk.WorkerRNGDataset(data)
+        data = sk.data.WorkerRNGDataset(data)
     return StatefulDataLoader(
         data, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(7),
         num_workers=workers, persistent_workers=persistent and workers > 0,

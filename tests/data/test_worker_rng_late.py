@@ -86,17 +86,21 @@ def test_a_loader_state_that_does_not_fit_names_the_entry_and_the_fix(tmp_path: 
     from statekeeper.integrations.lightning import LoaderState
 
     held = LoaderState(_loader(persistent=False))
-    with pytest.raises(sk.CheckpointUnreadableError, match=r"'loader'.*drop the loader"):
+    with pytest.raises(sk.errors.CheckpointUnreadableError, match=r"'loader'.*drop the loader"):
         held.load_state_dict({"position": 3})
     saved = LoaderState(_loader(persistent=False)).state_dict()
-    with pytest.raises(sk.InvalidArgumentError, match=r"'loader'.*had a loader generator"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"'loader'.*had a loader generator"):
         LoaderState(_loader(persistent=False, generator=False)).load_state_dict(saved)
     sk.save(tmp_path / "run", {"train_loader": {"position": 3}}, step=1)
-    with pytest.raises(sk.LoadStateError, match=r"'train_loader'.*drop the loader from the state"):
+    with pytest.raises(
+        sk.errors.LoadStateError, match=r"'train_loader'.*drop the loader from the state"
+    ):
         sk.load(tmp_path / "run", {"train_loader": _loader(persistent=False)})
     sk.save(tmp_path / "other", {"train_loader": _loader(persistent=False)}, step=1)
     live = _loader(persistent=False, generator=False)
-    with pytest.raises(sk.LoadStateError, match=r"'train_loader'.*build the loader as the saving"):
+    with pytest.raises(
+        sk.errors.LoadStateError, match=r"'train_loader'.*build the loader as the saving"
+    ):
         sk.load(tmp_path / "other", {"train_loader": live})
 
 

@@ -227,19 +227,19 @@ def test_failures_on_one_rank_are_seen_alike_by_all(tmp_path: Path) -> None:
 
 
 def test_scope_distributed_needs_a_process_group(tmp_path: Path) -> None:
-    with pytest.raises(sk.InvalidArgumentError, match="init_process_group"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="init_process_group"):
         sk.save(tmp_path, {"x": 1}, step=1, scope=sk.Scope.DISTRIBUTED)
-    with pytest.raises(sk.InvalidArgumentError, match="Scope"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="Scope"):
         sk.save(tmp_path, {"x": 1}, step=1, scope="distributed")
     info = sk.save(tmp_path, {"x": 1}, step=1, scope=sk.Scope.LOCAL)
     assert info.step == 1
 
 
 def test_per_rank_wraps_stateful_objects_only() -> None:
-    with pytest.raises(sk.InvalidArgumentError, match="PerRank"):
-        sk.PerRank(3)
-    sampler = sk.ResumableSampler(range(10), seed=1)
-    wrapped = sk.PerRank(sampler)
+    with pytest.raises(sk.errors.InvalidArgumentError, match="PerRank"):
+        sk.distributed.PerRank(3)
+    sampler = sk.data.ResumableSampler(range(10), seed=1)
+    wrapped = sk.distributed.PerRank(sampler)
     assert wrapped.state_dict() == sampler.state_dict()
 
 

@@ -27,9 +27,9 @@ def _rules(state: dict[str, Any]) -> list[tuple[str, str]]:
     return [(f.rule, f.where) for f in run(state).findings]
 
 
-def _resumable(dataset: Any = DATA, workers: int = 0) -> sk.ResumableLoader:
-    sampler = sk.ResumableSampler(dataset, seed=1)
-    return sk.ResumableLoader(
+def _resumable(dataset: Any = DATA, workers: int = 0) -> sk.data.ResumableLoader:
+    sampler = sk.data.ResumableSampler(dataset, seed=1)
+    return sk.data.ResumableLoader(
         torch.utils.data.DataLoader(dataset, sampler=sampler, num_workers=workers)
     )
 
@@ -39,7 +39,7 @@ def _resumable(dataset: Any = DATA, workers: int = 0) -> sk.ResumableLoader:
     [
         ({"loader": torch.utils.data.DataLoader(DATA)}, [("SK010", "loader")]),
         (
-            {"loader": torch.utils.data.DataLoader(DATA, sampler=sk.ResumableSampler(DATA))},
+            {"loader": torch.utils.data.DataLoader(DATA, sampler=sk.data.ResumableSampler(DATA))},
             [("SK010", "loader")],
         ),
         (
@@ -47,7 +47,7 @@ def _resumable(dataset: Any = DATA, workers: int = 0) -> sk.ResumableLoader:
             [("SK010", "loader")],
         ),
         ({"loader": _resumable()}, []),
-        ({"loader": StatefulDataLoader(DATA, sampler=sk.ResumableSampler(DATA))}, []),
+        ({"loader": StatefulDataLoader(DATA, sampler=sk.data.ResumableSampler(DATA))}, []),
         (
             {"loader": StatefulDataLoader(DATA, shuffle=True, generator=torch.Generator())},
             [("SK011", "loader")],
@@ -70,7 +70,7 @@ def _resumable(dataset: Any = DATA, workers: int = 0) -> sk.ResumableLoader:
         ),
         ({"data": _resumable(Noisy(), workers=2)}, [("SK012", "data")]),
         ({"data": _resumable(Noisy(), workers=0)}, []),
-        ({"data": _resumable(sk.SeededDataset(Noisy(), seed=1), workers=2)}, []),
+        ({"data": _resumable(sk.data.SeededDataset(Noisy(), seed=1), workers=2)}, []),
         ({"data": _resumable(DATA, workers=2)}, []),
     ],
     ids=[
@@ -95,5 +95,5 @@ def test_findings_name_the_fix_and_leave_the_rng_alone() -> None:
 
 def test_a_model_factory_is_accepted() -> None:
     assert run(lambda: torch.nn.Linear(2, 2)).findings == ()
-    with pytest.raises(sk.InvalidArgumentError, match=r"nn.Module or a dict"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"nn.Module or a dict"):
         run(lambda: 3)

@@ -313,7 +313,7 @@ def test_torch_save_file_that_needs_more_than_weights_only_is_an_error(
 ) -> None:
     path = tmp_path / "w.pt"
     torch.save({"w": torch.ones(2), "config": Config()}, path)
-    with pytest.raises(sk.UnsafePickleError):
+    with pytest.raises(sk.errors.UnsafePickleError):
         sk.read(path)
     monkeypatch.setattr(torch, "load", _never)
     report = check_checkpoint(str(path))

@@ -167,9 +167,9 @@ def test_read_refuses(crafted: Path) -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda run, out: sk.diff(run, run),
-        lambda run, out: sk.convert(run, out / "flat.safetensors"),
-        lambda run, out: sk.export(run, out / "weights.safetensors"),
+        lambda run, out: sk.audit.diff(run, run),
+        lambda run, out: sk.conversion.convert(run, out / "flat.safetensors"),
+        lambda run, out: sk.conversion.export(run, out / "weights.safetensors"),
     ],
     ids=["diff", "convert", "export"],
 )

@@ -31,7 +31,7 @@ from statekeeper.storage.files import name_problem
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
-ALLOWED = (sk.CorruptCheckpointError, sk.UnsupportedFormatError)
+ALLOWED = (sk.CorruptCheckpointError, sk.errors.UnsupportedFormatError)
 
 TRICKY_TEXT = st.sampled_from(
     ["", ".", "..", "../x", "/etc/passwd", "a/b", "a\x00b", "\\x", "~", "$tensor", "$dict",

@@ -106,7 +106,7 @@ def test_cli_inspects_a_sharded_step(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_average_reads_sharded_steps(tmp_path: Path) -> None:
     other = _copy(tmp_path)  # the same step, once more: the mean equals the input
-    sk.average_checkpoints([STEP_DIR, other], tmp_path / "avg", key="model")
+    sk.averaging.average_checkpoints([STEP_DIR, other], tmp_path / "avg", key="model")
     averaged = sk.read(tmp_path / "avg")["model"]
     assert torch.equal(averaged["w"], gen.W) and torch.equal(averaged["b"], gen.B)
 

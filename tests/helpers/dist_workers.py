@@ -52,7 +52,7 @@ def ddp_model(seed: int) -> torch.nn.Module:
 
 def make_loader(world: int, rank: int) -> StatefulDataLoader:
     """Each rank reads its own part of the data, in an order that resumes exactly."""
-    sampler = sk.ResumableSampler(range(64), seed=3, num_replicas=world, rank=rank)
+    sampler = sk.data.ResumableSampler(range(64), seed=3, num_replicas=world, rank=rank)
     return StatefulDataLoader(range(64), batch_size=2, sampler=sampler)
 
 
@@ -274,7 +274,7 @@ def async_refused(rank: int, world: int, run: Path, out: Path) -> None:
     model = fsdp_model(world, seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     flaky = _Flaky()
-    state = app_state(model, opt, {"step": 0}, None) | {"flaky": sk.PerRank(flaky)}
+    state = app_state(model, opt, {"step": 0}, None) | {"flaky": sk.distributed.PerRank(flaky)}
     seen: dict[str, list[str]] = {"at_call": [], "at_wait": []}
 
     def attempt(step: int) -> None:
@@ -320,7 +320,7 @@ def async_no_wait(rank: int, world: int, run: Path, out: Path) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     recorder, flaky = _Recorder(), _Flaky()
     state = app_state(model, opt, {"step": 0}, None)
-    state |= {"recorder": sk.PerRank(recorder), "flaky": sk.PerRank(flaky)}
+    state |= {"recorder": sk.distributed.PerRank(recorder), "flaky": sk.distributed.PerRank(flaky)}
     errors: list[list[Any]] = []
     with sk.Checkpointer(run, blocking=False) as ckpt:
         for step in range(1, 6):
@@ -335,7 +335,7 @@ def async_no_wait(rank: int, world: int, run: Path, out: Path) -> None:
     found = {}
     for step in steps:
         got = _Recorder()
-        sk.load(run, {"recorder": sk.PerRank(got)}, step=step, strict=sk.Strict.PARTIAL)
+        sk.load(run, {"recorder": sk.distributed.PerRank(got)}, step=step, strict=sk.Strict.PARTIAL)
         found[step] = got.step
     report(out, "async_no_wait", rank, {"errors": errors, "steps": steps, "found": found})
 
@@ -434,19 +434,19 @@ def faults(rank: int, world: int, run: Path, out: Path) -> None:
     sk.save(run, app_state(model, opt, {"step": 1}, None), step=1)
     sk.save(run, app_state(model, opt, {"step": 2}, None), step=2)
     # (a) rank 1 cannot open rank 0's in-progress entry (a shared file system lagging)
-    real_attach = sk.LocalStorage.attach
+    real_attach = sk.storage.LocalStorage.attach
     if rank == 1:
 
         def refuse(self: Any, entry: str) -> Any:
-            raise sk.StorageError(5, f"{entry} is not visible here yet")
+            raise sk.errors.StorageError(5, f"{entry} is not visible here yet")
 
-        sk.LocalStorage.attach = refuse  # type: ignore[method-assign]
+        sk.storage.LocalStorage.attach = refuse  # type: ignore[method-assign]
     try:
         sk.save(run, app_state(model, opt, {"step": 3}, None), step=3)
         data["attach"] = "saved"
     except Exception as exc:
         data["attach"] = type(exc).__name__
-    sk.LocalStorage.attach = real_attach  # type: ignore[method-assign]
+    sk.storage.LocalStorage.attach = real_attach  # type: ignore[method-assign]
     data["steps_after_attach"] = [i.step for i in sk.list_checkpoints(run)]
     # (b) the ranks' clocks disagree about EverySeconds: rank 0 decides for both
     ticks = iter([0.0, 100.0 if rank == 0 else 10.0, 200.0])

@@ -1,5 +1,6 @@
-"""One gloo rank of a DDP job whose wrapped module holds its own EMA (``sk.AveragedModel`` as
-an attribute, as in a LightningModule): a few training steps, then what the rank saw.
+"""One gloo rank of a DDP job whose wrapped module holds its own EMA
+(``sk.averaging.AveragedModel`` as an attribute, as in a LightningModule): a few training
+steps, then what the rank saw.
 
 Run as ``python -m tests.helpers.ema_ddp RANK WORLD PORT OUT_DIR``; writes
 ``OUT_DIR/ema-<rank>.json`` with the error (if any) and the EMA's weights.
@@ -26,7 +27,7 @@ class WithEMA(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-        self.ema = sk.AveragedModel(self.net, rule=sk.EMA(0.9))
+        self.ema = sk.averaging.AveragedModel(self.net, rule=sk.averaging.EMA(0.9))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)  # the EMA takes no part in the forward pass

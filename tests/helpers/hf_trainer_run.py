@@ -9,7 +9,7 @@ SIGKILLs itself; MODE ``kill-in-save`` makes that kill happen inside the save of
 after everything is written and before the folder is committed. MODE ``resume`` resumes
 with ``train(resume_from_checkpoint=True)``. MODE ``augment`` (or ``resume+augment``):
 the dataset replaces a token at random in ``__getitem__`` (Python's, numpy's and torch's
-RNGs) and the loader has two workers; an EMA of the model (``sk.AveragedModel``, updated
+RNGs) and the loader has two workers; an EMA of the model (``sk.averaging.AveragedModel``, updated
 after every step by a callback) goes into each checkpoint through ``extra_state``; the
 first run also calls ``train(resume_from_checkpoint=True)`` (nothing to resume yet);
 ``persistent`` adds ``dataloader_persistent_workers=True``. At
@@ -76,7 +76,7 @@ class Augmenting(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 class _EMA(TrainerCallback):
-    def __init__(self, ema: sk.AveragedModel) -> None:
+    def __init__(self, ema: sk.averaging.AveragedModel) -> None:
         self.ema = ema
 
     def on_step_end(
@@ -150,7 +150,7 @@ def main() -> None:
     net = model()
     extra = {}
     if augment:
-        ema = sk.AveragedModel(net, multi_avg_fn=sk.get_ema_multi_avg_fn(0.9))
+        ema = sk.averaging.AveragedModel(net, multi_avg_fn=sk.averaging.get_ema_multi_avg_fn(0.9))
         callbacks.append(_EMA(ema))
         extra["ema"] = ema
     inputs: dict[int, torch.Tensor] = {}

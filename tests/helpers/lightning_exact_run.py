@@ -14,7 +14,7 @@ torch's RNG in the training process); at the end it writes its parameters as
 ``[global_step, "final", [values]]``. After step KILL (0: never) every rank SIGKILLs itself;
 with ``resume`` the run resumes with ``ckpt_path="last"``. With ``stock`` the run uses
 neither the callback nor the plugin (plain Lightning, for comparison); with ``wrapped`` the
-dataset is wrapped in ``statekeeper.WorkerRNGDataset`` (the fix the callback's warning names).
+dataset is wrapped in ``statekeeper.data.WorkerRNGDataset`` (the fix the callback's warning names).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main() -> None:
     ranks = int(devices)
     data: Dataset[Any] = Augmented(BATCHES * BATCH * ranks)
     if "wrapped" in more:
-        data = sk.WorkerRNGDataset(data)
+        data = sk.data.WorkerRNGDataset(data)
     options: dict[str, Any] = {}
     if ranks > 1:
         options = {"strategy": "ddp", "use_distributed_sampler": False}

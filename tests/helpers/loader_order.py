@@ -47,19 +47,19 @@ def _seed() -> None:
 
 def setups(workers: int) -> dict[str, Callable[[], Any]]:
     data = list(range(N))
-    aug = sk.SeededDataset(Augmenting(), seed=3)
+    aug = sk.data.SeededDataset(Augmenting(), seed=3)
 
     def resumable(drop_last: bool = False) -> Any:
-        sampler = sk.ResumableSampler(data, seed=7)
-        return sk.ResumableLoader(
+        sampler = sk.data.ResumableSampler(data, seed=7)
+        return sk.data.ResumableLoader(
             torch.utils.data.DataLoader(
                 data, batch_size=BATCH, sampler=sampler, num_workers=workers, drop_last=drop_last
             )
         )
 
     def batch_sampler() -> Any:
-        bs = sk.ResumableBatchSampler(sk.ResumableSampler(data, seed=7), BATCH)
-        return sk.ResumableLoader(
+        bs = sk.data.ResumableBatchSampler(sk.data.ResumableSampler(data, seed=7), BATCH)
+        return sk.data.ResumableLoader(
             torch.utils.data.DataLoader(data, batch_sampler=bs, num_workers=workers)
         )
 
@@ -68,15 +68,17 @@ def setups(workers: int) -> dict[str, Callable[[], Any]]:
         "dataloader+ResumableSampler+drop_last": lambda: resumable(drop_last=True),
         "dataloader+ResumableBatchSampler": batch_sampler,
         "stateful+ResumableSampler": lambda: StatefulDataLoader(
-            data, batch_size=BATCH, sampler=sk.ResumableSampler(data, seed=7), num_workers=workers),
+            data, batch_size=BATCH, sampler=sk.data.ResumableSampler(data, seed=7),
+            num_workers=workers),
         "stateful+shuffle+generator": lambda: StatefulDataLoader(
             data, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(1),
             num_workers=workers),
         "stateful+torchdata-RandomSampler(generator)": lambda: StatefulDataLoader(
             data, batch_size=BATCH, num_workers=workers,
             sampler=TorchdataRandomSampler(data, generator=torch.Generator().manual_seed(2))),
-        "augmenting+SeededDataset": lambda: sk.ResumableLoader(torch.utils.data.DataLoader(
-            aug, batch_size=BATCH, sampler=sk.ResumableSampler(aug, seed=5), num_workers=workers)),
+        "augmenting+SeededDataset": lambda: sk.data.ResumableLoader(torch.utils.data.DataLoader(
+            aug, batch_size=BATCH, sampler=sk.data.ResumableSampler(aug, seed=5),
+            num_workers=workers)),
     }  # fmt: skip
 
 

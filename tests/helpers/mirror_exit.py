@@ -17,7 +17,7 @@ import statekeeper as sk
 
 def main() -> None:
     run, endpoint, url = sys.argv[1], sys.argv[2], sys.argv[3]
-    mirror = sk.Mirror(sk.FsspecStorage(url, **options_for(endpoint)))
+    mirror = sk.Mirror(sk.storage.FsspecStorage(url, **options_for(endpoint)))
     ckpt = sk.Checkpointer(run, mirror=mirror)
     state = {"w": torch.arange(300_000, dtype=torch.float32)}
     for step in (1, 2, 3):

@@ -38,7 +38,7 @@ class HangingFileSystem(MemoryFileSystem):
 def main() -> None:
     run, how = sys.argv[1], sys.argv[2]
     fsspec.register_implementation("hang", HangingFileSystem, clobber=True)
-    mirror = sk.Mirror(sk.FsspecStorage("hang://mirror/run"), close_timeout=1.0)
+    mirror = sk.Mirror(sk.storage.FsspecStorage("hang://mirror/run"), close_timeout=1.0)
     ckpt = sk.Checkpointer(run, mirror=mirror)
     for step in (1, 2):
         ckpt.save(step, {"w": torch.full((1000,), float(step))})

@@ -22,7 +22,7 @@ def main() -> None:
     last = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     policies = len(sys.argv) > 4
     mirror = sk.Mirror(
-        sk.FsspecStorage(url, **options_for(endpoint)),
+        sk.storage.FsspecStorage(url, **options_for(endpoint)),
         keep=sk.KeepEvery(5) if policies else None,
     )
     keep = sk.KeepLatest(1) if policies else None

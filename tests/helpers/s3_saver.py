@@ -17,7 +17,7 @@ import statekeeper as sk
 
 def main() -> None:
     endpoint, url = sys.argv[1], sys.argv[2]
-    storage = sk.FsspecStorage(url, **options_for(endpoint))
+    storage = sk.storage.FsspecStorage(url, **options_for(endpoint))
     state = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(1000)}
     sk.save(storage, state, step=1, shard_bytes=500_000)
     pause_after_first_upload()

@@ -17,7 +17,7 @@ import statekeeper as sk
 
 def main() -> None:
     endpoint, url = sys.argv[1], sys.argv[2]
-    storage = sk.FsspecStorage(url, **options_for(endpoint))
+    storage = sk.storage.FsspecStorage(url, **options_for(endpoint))
     pause_after_first_upload()
     sk.save(storage, {"w": torch.full((1000,), 2.0)}, step=1, overwrite=True)
 

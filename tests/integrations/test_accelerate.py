@@ -52,7 +52,7 @@ def test_a_killed_accelerate_run_resumes_bitwise(
     assert [i.step for i in sk.list_checkpoints(run)] == kept  # total_limit=2
     assert _run(project, tmp_path / "resumed.st", every, 0, "resume", *more) == 0
     _same(tmp_path / "straight.st", tmp_path / "resumed.st", kept[-1] + 1)
-    assert sk.verify(run).ok  # what the framework saved is an ordinary statekeeper run
+    assert sk.audit.verify(run).ok  # what the framework saved is an ordinary statekeeper run
 
 
 def test_the_default_loaders_and_plain_shuffling_are_handled(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_the_default_loaders_and_plain_shuffling_are_handled(tmp_path: Path) -> 
         cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
     )
     stateful.prepare(DataLoader(data, batch_size=4, shuffle=True))
-    with pytest.raises(sk.InvalidArgumentError, match="use_seedable_sampler=True"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="use_seedable_sampler=True"):
         save_state(stateful, tmp_path / "b", step=1)
 
 

@@ -35,7 +35,7 @@ def test_a_killed_lightning_run_resumes_bitwise(
     where = tmp_path / "killed"
     assert _run(where, tmp_path / "unused.st", every, kill) == -9
     assert [i.step for i in sk.list_checkpoints(where / "last.ckpt")] == [last]
-    assert sk.verify(where / "last.ckpt").ok  # each checkpoint is a statekeeper run
+    assert sk.audit.verify(where / "last.ckpt").ok  # each checkpoint is a statekeeper run
     got = sk.read(where / "last.ckpt")
     assert "optimizer_states" not in got  # without the callback: Lightning refuses, loudly
     saved = got["statekeeper_optimizer_states"][0]["state"]
@@ -58,7 +58,7 @@ def test_lightnings_async_checkpoint_io_saves_through_the_plugin(
     where = tmp_path / "killed"
     assert _run(where, tmp_path / "unused.st", 3, 13, "-", "async") == -9
     steps = [i.step for i in sk.list_checkpoints(where / "last.ckpt")]
-    assert steps == [12] and sk.verify(where / "last.ckpt").ok  # written on the thread
+    assert steps == [12] and sk.audit.verify(where / "last.ckpt").ok  # written on the thread
     assert _run(where, tmp_path / "resumed.st", 3, 0, "resume", "async") == 0
     a = load_file(str(tmp_path / "straight.st"))
     b = load_file(str(tmp_path / "resumed.st"))
@@ -80,7 +80,7 @@ def test_hyper_parameters_are_stored_plain_or_refused_by_name(
     assert got["hyper_parameters"] == {"lr": 0.1, "layers": [2, 3]} and got["global_step"] == 3
     io.save_checkpoint({"global_step": 4}, tmp_path / "a.ckpt")  # the same name again
     assert [i.step for i in sk.list_checkpoints(tmp_path / "a.ckpt")] == [4]
-    with pytest.raises(sk.UnsupportedValueError, match="hyper_parameters/fn"):
+    with pytest.raises(sk.errors.UnsupportedValueError, match="hyper_parameters/fn"):
         io.save_checkpoint({"global_step": 1, "hyper_parameters": {"fn": len}}, tmp_path / "b")
     io.remove_checkpoint(tmp_path / "a.ckpt")
     assert not (tmp_path / "a.ckpt").exists()
@@ -130,7 +130,7 @@ def test_a_ddp_run_saves_from_rank_zero_alone(tmp_path: Path, lightning: ModuleT
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done 0" in done.stdout and "done 1" in done.stdout
     last = tmp_path / "ckpt" / "last.ckpt"
-    assert [i.step for i in sk.list_checkpoints(last)] == [4] and sk.verify(last).ok
+    assert [i.step for i in sk.list_checkpoints(last)] == [4] and sk.audit.verify(last).ok
     assert "statekeeper_optimizer_states" in sk.read(last)
 
 
@@ -244,7 +244,7 @@ def test_a_killed_fsdp2_run_resumes_bitwise(
     where = tmp_path / "killed"
     assert job(where, tmp_path / "unused.st", kill) == -9
     last = where / "last.ckpt"
-    assert [i.step for i in sk.list_checkpoints(last)] == [kill - 1] and sk.verify(last).ok
+    assert [i.step for i in sk.list_checkpoints(last)] == [kill - 1] and sk.audit.verify(last).ok
     saved = sk.read(last)
     assert sorted(saved) == ["lightning", "model", "optimizer_0", "statekeeper_rng"]
     assert sorted(saved["optimizer_0"]["state"])[0] == "model/net.0.bias"  # by name

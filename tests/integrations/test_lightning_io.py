@@ -83,7 +83,7 @@ def test_a_url_is_saved_on_its_file_system_not_in_a_local_folder(
     trainer.save_checkpoint("memory://sk-lightning/extra.ckpt")
     assert list(tmp_path.iterdir()) == []  # no folder named "memory:" here
     assert [i.step for i in sk.list_checkpoints("memory://sk-lightning/extra.ckpt")] == [4]
-    assert sk.verify("memory://sk-lightning/extra.ckpt").ok
+    assert sk.audit.verify("memory://sk-lightning/extra.ckpt").ok
     newest = "memory://sk-lightning/run/epoch=0-step=4.ckpt"
     assert [i.step for i in sk.list_checkpoints(newest)] == [4]
     assert io.load_checkpoint(newest)["global_step"] == 4
@@ -125,8 +125,8 @@ def test_modelcheckpoint_on_s3_saves_resumes_and_prunes_there(
     names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(run.removeprefix("s3://"), refresh=True))
     assert names == ["epoch=1-step=6.ckpt"]  # top-1 by step: the older two pruned on S3
     newest = f"{run}/epoch=1-step=6.ckpt"
-    storage = sk.FsspecStorage(newest, **s3_server.options)
-    assert [i.step for i in sk.list_checkpoints(storage)] == [6] and sk.verify(storage).ok
+    storage = sk.storage.FsspecStorage(newest, **s3_server.options)
+    assert [i.step for i in sk.list_checkpoints(storage)] == [6] and sk.audit.verify(storage).ok
     resumed = kit.trainer(
         8, [StatekeeperCallback()], [StatekeeperCheckpointIO(storage_options=s3_server.options)]
     )
@@ -167,7 +167,7 @@ def test_async_top_k_removal_of_a_checkpoint_still_being_written_waits_for_it(
     trainer.fit(kit.Tiny(), _loader())  # stock Lightning: no error; before: StorageError
     assert removing.is_set()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=4.ckpt"]
-    assert sk.verify(tmp_path / "epoch=0-step=4.ckpt").ok
+    assert sk.audit.verify(tmp_path / "epoch=0-step=4.ckpt").ok
 
 
 def test_a_removal_of_a_save_still_queued_drops_it(kit: SimpleNamespace, tmp_path: Path) -> None:
@@ -235,7 +235,7 @@ def test_load_from_checkpoint_builds_the_module_from_a_statekeeper_step(
     assert torch.equal(got.net.weight, trained.net.weight)
     with pytest.raises(RuntimeError, match="size mismatch"):
         load_from_checkpoint(kit.Tiny, tmp_path / "model.ckpt", width=3)  # the override is used
-    with pytest.raises(sk.InvalidArgumentError, match="pass the class"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="pass the class"):
         load_from_checkpoint(trained, tmp_path / "model.ckpt")
 
 
@@ -262,7 +262,7 @@ def test_a_plain_dataset_in_loader_workers_is_warned_about_at_fit_start(
     plain = StatefulDataLoader(_Noisy(), batch_size=4, num_workers=2)
     with pytest.warns(sk.StatekeeperWarning, match=r"WorkerRNGDataset\(dataset\)"):
         kit.trainer(1, [StatekeeperCallback()], []).fit(Model(), plain)
-    wrapped = StatefulDataLoader(sk.WorkerRNGDataset(_Noisy()), batch_size=4, num_workers=2)
+    wrapped = StatefulDataLoader(sk.data.WorkerRNGDataset(_Noisy()), batch_size=4, num_workers=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sk.StatekeeperWarning)
         kit.trainer(1, [StatekeeperCallback()], []).fit(Model(), wrapped)
@@ -361,8 +361,10 @@ def test_a_removal_that_fails_is_a_storage_error_naming_the_checkpoint_and_the_f
         real_rename(src, dst)
 
     monkeypatch.setattr(os, "rename", rename)
-    with pytest.raises(sk.StorageError, match=r"epoch=0-step=3\.ckpt.*remove it by hand") as got:
+    with pytest.raises(
+        sk.errors.StorageError, match=r"epoch=0-step=3\.ckpt.*remove it by hand"
+    ) as got:
         io.remove_checkpoint(target)
     assert got.value.errno == errno.EBUSY
     monkeypatch.undo()
-    assert [i.step for i in sk.list_checkpoints(target)] == [3] and sk.verify(target).ok
+    assert [i.step for i in sk.list_checkpoints(target)] == [3] and sk.audit.verify(target).ok

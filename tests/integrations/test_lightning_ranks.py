@@ -16,7 +16,7 @@ def test_a_two_rank_checkpoint_resumed_by_one_process_is_refused() -> None:
         "rng": rng0,
         "statekeeper_ranks": [{"rng": rng0, "loaders": None}, {"rng": rng1, "loaders": None}],
     }
-    with pytest.raises(sk.LoadStateError, match="2 ranks, the run has 1"):
+    with pytest.raises(sk.errors.LoadStateError, match="2 ranks, the run has 1"):
         pick(checkpoint, "rng")
 
 
@@ -38,7 +38,7 @@ def test_no_rank_zero_warning_for_worker_rng_in_a_multi_process_run() -> None:
 
     from statekeeper.integrations.lightning_warn import warn_inexact
 
-    data = sk.WorkerRNGDataset(torch.utils.data.TensorDataset(torch.arange(8.0)))
+    data = sk.data.WorkerRNGDataset(torch.utils.data.TensorDataset(torch.arange(8.0)))
     loader = StatefulDataLoader(data, batch_size=2, num_workers=2)
     combined = SimpleNamespace(flattened=[loader])
     trainer = SimpleNamespace(world_size=2, fit_loop=SimpleNamespace(_combined_loader=combined))

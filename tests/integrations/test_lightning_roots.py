@@ -40,7 +40,7 @@ def test_with_both_packages_imported_either_trainer_takes_the_callback_and_the_p
 def test_the_strategy_is_named_for_one_package_when_both_are_imported() -> None:
     from statekeeper.integrations.lightning import StatekeeperModelParallelStrategy
 
-    with pytest.raises(sk.InvalidArgumentError, match=r'\.of\("lightning"\)'):
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r'\.of\("lightning"\)'):
         StatekeeperModelParallelStrategy()
     unified = StatekeeperModelParallelStrategy.of("lightning")()
     assert isinstance(unified, L.pytorch.strategies.ModelParallelStrategy)
@@ -48,7 +48,7 @@ def test_the_strategy_is_named_for_one_package_when_both_are_imported() -> None:
     assert isinstance(unified, StatekeeperModelParallelStrategy)
     plain = StatekeeperModelParallelStrategy.of("pytorch_lightning")()
     assert isinstance(plain, pl.strategies.ModelParallelStrategy)
-    with pytest.raises(sk.InvalidArgumentError, match="pytorch_lightning"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="pytorch_lightning"):
         StatekeeperModelParallelStrategy.of("lightening")
 
 

@@ -40,7 +40,7 @@ def test_a_killed_torchtitan_run_resumes_bitwise(
         assert steps in ([6, 9], [9, 12])
         kept = steps
     assert steps == kept  # keep_latest_k=2
-    assert sk.verify(run).ok
+    assert sk.audit.verify(run).ok
     saved = sk.read(run)
     assert sorted(saved) == [
         "dataloader", "lr_scheduler", "model", "optimizer", "rng", "train_state"
@@ -91,9 +91,9 @@ def test_load_step_exclusions_and_a_fresh_start(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="load_step=5"):
         again[-1].load(step=5)
     again[-1].close()
-    with pytest.raises(sk.InvalidArgumentError, match="'nothing'"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="'nothing'"):
         _build(tmp_path, exclude_from_loading=["nothing"])[-1].load()
-    with pytest.raises(sk.InvalidArgumentError, match="async_mode"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="async_mode"):
         _build(tmp_path, async_mode="sometimes")
 
 
@@ -159,7 +159,7 @@ def test_a_rolled_back_run_replaces_the_steps_it_saves_again(tmp_path: Path) -> 
     again[-1].close()
     assert [i.step for i in sk.list_checkpoints(tmp_path / "checkpoint")] == [2, 4, 6, 8]
     assert sk.read(tmp_path / "checkpoint", step=6)["train_state"] == before
-    assert sk.verify(tmp_path / "checkpoint").ok
+    assert sk.audit.verify(tmp_path / "checkpoint").ok
 
 
 def test_model_only_steps_load_the_model_alone_or_say_why_not(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_model_only_steps_load_the_model_alone_or_say_why_not(tmp_path: Path) ->
     _train(seed, 4)  # 2 full, 4 the last save: the model alone
     seed[-1].close()
     again = _build(tmp_path, keep_latest_k=0)
-    with pytest.raises(sk.InvalidArgumentError, match=r"load_step=2"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"load_step=2"):
         again[-1].load(step=-1)  # training on from a model-only last step: refused, with the fix
     again[0].apply(lambda m: torch.nn.init.zeros_(m.weight) if hasattr(m, "weight") else None)
     assert again[-1].load(step=0) is True and again[4].step == 0  # the seed: model alone
@@ -183,7 +183,7 @@ def test_what_cannot_be_saved_faithfully_is_refused(tmp_path: Path) -> None:
 
     from statekeeper.integrations.titan_loader import DataParallelLoader
 
-    with pytest.raises(sk.InvalidArgumentError, match="quantized"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="quantized"):
         build(str(tmp_path), 2, "", initial_load_path=str(tmp_path),
               initial_load_in_hf=True, initial_load_in_hf_quantized=True)  # fmt: skip
     parts = _build(tmp_path)
@@ -191,16 +191,18 @@ def test_what_cannot_be_saved_faithfully_is_refused(tmp_path: Path) -> None:
     manager.close()
     from statekeeper.integrations.torchtitan import StatekeeperCheckpointManager
 
-    with pytest.raises(sk.InvalidArgumentError, match="pipeline"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="pipeline"):
         StatekeeperCheckpointManager.Config(enable=True).build(
             dataloader=None, model_parts=[model, torch.nn.Linear(2, 2)], optimizers=optimizers,
             lr_schedulers=schedulers, states={}, sd_adapter=None, base_folder=str(tmp_path),
         )  # fmt: skip
     saved = DataParallelLoader(loader).state_dict()
     loader.dp_rank, loader.dp_world_size = 1, 2  # resumed with another data-parallel layout
-    with pytest.raises(sk.InvalidArgumentError, match="rank 0 of 1 and is loaded by rank 1 of 2"):
+    with pytest.raises(
+        sk.errors.InvalidArgumentError, match="rank 0 of 1 and is loaded by rank 1 of 2"
+    ):
         DataParallelLoader(loader).load_state_dict(saved)
-    with pytest.raises(sk.InvalidArgumentError, match="closed"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="closed"):
         manager.save(curr_step=2)
 
 

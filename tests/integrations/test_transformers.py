@@ -54,7 +54,7 @@ def test_a_killed_trainer_run_resumes_bitwise(
     names = {p.name for p in newest.iterdir()}
     assert {"config.json", "model.safetensors", "trainer_state.json"} <= names
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pth"))]  # nothing pickled
-    assert sk.verify(newest).ok
+    assert sk.audit.verify(newest).ok
     saved = sk.read(newest)
     assert "model/bert.embeddings.word_embeddings.weight" in saved["optimizer"]["state"]
     assert sorted(saved["files"]) == sorted(n for n in names if "." in n and n[0] != ".")
@@ -110,10 +110,10 @@ def test_resume_true_on_a_first_run_starts_from_scratch(
 
 
 def test_extra_state_is_checked_on_construction_and_on_resume(tmp_path: Path) -> None:
-    ema = sk.AveragedModel(torch.nn.Linear(2, 2))
-    with pytest.raises(sk.InvalidArgumentError, match="state_dict"):
+    ema = sk.averaging.AveragedModel(torch.nn.Linear(2, 2))
+    with pytest.raises(sk.errors.InvalidArgumentError, match="state_dict"):
         _tiny_trainer(tmp_path, extra_state={"ema": 3})
-    with pytest.raises(sk.InvalidArgumentError, match="identifier"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="identifier"):
         _tiny_trainer(tmp_path, extra_state={"my ema": ema})
     _tiny_trainer(tmp_path, extra_state={"ema": ema}).train()
     saved = {k: v.clone() for k, v in ema.state_dict().items()}
@@ -236,7 +236,7 @@ def test_a_retention_policy_replaces_save_total_limit(tmp_path: Path) -> None:
     trainer = _tiny_trainer(tmp_path, max_steps=8, retention=sk.KeepEvery(4))
     trainer.train()
     assert list(hf_layout.checkpoints(tmp_path)) == [4, 8]
-    with pytest.raises(sk.InvalidArgumentError, match="Retention"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="Retention"):
         _tiny_trainer(tmp_path, retention=3)
 
 
@@ -252,7 +252,7 @@ def test_a_checkpoint_of_the_plain_trainer_still_resumes(tmp_path: Path) -> None
     trainer = _tiny_trainer(tmp_path)
     trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     assert trainer.state.global_step == 6
-    assert sk.verify(tmp_path / "checkpoint-6").ok
+    assert sk.audit.verify(tmp_path / "checkpoint-6").ok
 
 
 def test_the_oldest_supported_transformers_resumes_bitwise(tmp_path: Path) -> None:
@@ -290,7 +290,7 @@ def test_a_killed_ddp_trainer_run_resumes_bitwise(tmp_path: Path) -> None:
     assert job(out, tmp_path / "unused.st", 13) == 9
     assert list(hf_layout.checkpoints(out)) == [9, 12]
     saved = sk.read(out / "checkpoint-12")
-    assert sk.verify(out / "checkpoint-12").ok and "optimizer" in saved
+    assert sk.audit.verify(out / "checkpoint-12").ok and "optimizer" in saved
     assert job(out, tmp_path / "resumed.st", 0, "resume") == 0
     _same(tmp_path / "straight.st", tmp_path / "resumed.st")
     _same(tmp_path / "resumed.st", Path(f"{tmp_path / 'resumed.st'}.rank1"))

@@ -1,5 +1,5 @@
-"""statekeeper.convert: every readable format into a statekeeper step (read back equal), and
-any checkpoint into one safetensors file."""
+"""statekeeper.conversion.convert: every readable format into a statekeeper step (read back
+equal), and any checkpoint into one safetensors file."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from statekeeper.testing import assert_state_equal
 
 
 def _round_trip(source: Path, out: Path, **options: Any) -> dict[str, Any]:
-    result = sk.convert(source, out, **options)
+    result = sk.conversion.convert(source, out, **options)
     assert result.kind == "statekeeper" and result.step == options.get("step", 0)
     assert Path(result.path).name == f"step_{result.step:09d}"
     return sk.read(out)
@@ -40,7 +40,7 @@ def test_weights_only_formats_go_under_model(tmp_path: Path) -> None:
         formats.hf_folder(tmp_path / "hf-bin", weights, safe=False),
     ]
     for n, source in enumerate(sources):
-        result = sk.convert(source, tmp_path / f"run{n}")
+        result = sk.conversion.convert(source, tmp_path / f"run{n}")
         assert result.wrapped_as == "model" and result.entries == ("model",)
         assert_state_equal(sk.read(tmp_path / f"run{n}"), {"model": weights})
         model = formats.Net()
@@ -54,7 +54,7 @@ def test_dcp_to_statekeeper(tmp_path: Path) -> None:
     expected = {"model": {k: v.clone() for k, v in model.state_dict().items()},
                 "meta": {"step": 4, "tag": "x"}}  # fmt: skip
     source = formats.dcp_folder(tmp_path / "dcp", state)
-    assert sk.convert(source, tmp_path / "run").source_format == "dcp"
+    assert sk.conversion.convert(source, tmp_path / "run").source_format == "dcp"
     assert_state_equal(sk.read(tmp_path / "run"), expected)
 
 
@@ -64,9 +64,9 @@ def test_lightning_and_accelerate_to_statekeeper(
     accelerate: tuple[Path, dict[str, Any]],
 ) -> None:
     for name, (source, _) in (("pl", lightning), ("acc", accelerate)):
-        result = sk.convert(source, tmp_path / name)
+        result = sk.conversion.convert(source, tmp_path / name)
         assert result.wrapped_as is None
-        assert sk.diff(source, tmp_path / name).equal  # every tensor, array and value
+        assert sk.audit.diff(source, tmp_path / name).equal  # every tensor, array and value
     assert_state_equal(dict(sk.read(tmp_path / "pl")["state_dict"]), lightning[1])
     converted = sk.read(tmp_path / "acc")
     assert set(converted) == {"model", "optimizer", "scheduler", "random_states_0"}
@@ -78,7 +78,7 @@ def test_statekeeper_to_one_safetensors_file(tmp_path: Path) -> None:
     model = formats.TiedLM()
     sk.save(tmp_path / "run", {"model": model, "epoch": 3, "cfg": {"lr": 0.1}}, step=1)
     out = tmp_path / "all.safetensors"
-    result = sk.convert(tmp_path / "run", out)
+    result = sk.conversion.convert(tmp_path / "run", out)
     assert result.kind == "safetensors" and result.source_format == "statekeeper"
     assert result.dropped == ("epoch", "cfg.lr")
     assert result.aliases == {"model.lm_head.weight": "model.embed.weight"}
@@ -87,16 +87,16 @@ def test_statekeeper_to_one_safetensors_file(tmp_path: Path) -> None:
     read = sk.read(out)
     assert torch.equal(read["model.lm_head.weight"], model.embed.weight.detach())
     only_model = tmp_path / "model.safetensors"
-    sk.convert(tmp_path / "run", only_model, key="model")
-    assert sk.diff(only_model, tmp_path / "run", key="model").equal
+    sk.conversion.convert(tmp_path / "run", only_model, key="model")
+    assert sk.audit.diff(only_model, tmp_path / "run", key="model").equal
 
 
 def test_existing_step_is_refused_unless_overwrite(tmp_path: Path) -> None:
     source = formats.safetensors_file(tmp_path / "w.safetensors", formats.weights())
-    sk.convert(source, tmp_path / "run")
-    with pytest.raises(sk.StepExistsError):
-        sk.convert(source, tmp_path / "run")
-    sk.convert(source, tmp_path / "run", overwrite=True)
+    sk.conversion.convert(source, tmp_path / "run")
+    with pytest.raises(sk.errors.StepExistsError):
+        sk.conversion.convert(source, tmp_path / "run")
+    sk.conversion.convert(source, tmp_path / "run", overwrite=True)
 
 
 def test_unsafe_source_is_refused_before_anything_is_written(tmp_path: Path) -> None:
@@ -106,6 +106,6 @@ def test_unsafe_source_is_refused_before_anything_is_written(tmp_path: Path) -> 
 
     path = tmp_path / "evil.pt"
     torch.save({"x": Evil()}, path)
-    with pytest.raises(sk.UnsafePickleError, match=r"builtins\.print"):
-        sk.convert(path, tmp_path / "run")
+    with pytest.raises(sk.errors.UnsafePickleError, match=r"builtins\.print"):
+        sk.conversion.convert(path, tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -128,7 +128,7 @@ def test_dunder_build_in_metadata_is_an_unsafe_pickle(tmp_path: Path) -> None:
     data = PROTO2 + glob(MD, b"ChunkStorageMetadata") + b")\x81}" + text("__setstate__")
     data += glob(b"torch.serialization", b"_get_layout") + b"sb" + text("PROOF-CALLED") + b"b."
     folder = metadata_folder(tmp_path, data)
-    with pytest.raises(sk.UnsafePickleError, match=r"__setstate__") as info:
+    with pytest.raises(sk.errors.UnsafePickleError, match=r"__setstate__") as info:
         read_dcp_metadata(folder)
     assert info.value.path == str(folder / ".metadata")
 

@@ -70,6 +70,6 @@ def test_verify_refuses_foreign_checkpoints_by_name(tmp_path: Path) -> None:
 
 def test_converted_foreign_checkpoint_verifies(tmp_path: Path) -> None:
     path = formats.safetensors_file(tmp_path / "w.safetensors", formats.weights())
-    sk.convert(path, tmp_path / "run", out_step=3)
+    sk.conversion.convert(path, tmp_path / "run", out_step=3)
     report = verify(tmp_path / "run")
     assert report.ok and [s.step for s in report.steps] == [3]

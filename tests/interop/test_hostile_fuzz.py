@@ -25,7 +25,7 @@ from tests.interop.test_hostile_foreign import outcome
 
 import statekeeper as sk
 
-ALLOWED = (sk.CorruptCheckpointError, sk.UnsupportedFormatError)
+ALLOWED = (sk.CorruptCheckpointError, sk.errors.UnsupportedFormatError)
 EXAMPLES = int(os.environ.get("SK_FUZZ_EXAMPLES", "150"))  # raise it to fuzz longer
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

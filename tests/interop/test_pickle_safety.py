@@ -40,7 +40,7 @@ def test_malicious_torch_save_is_refused_and_never_runs(tmp_path: Path, legacy: 
     target = tmp_path / "created-by-unpickling"
     state = {"weight": torch.ones(2), "payload": CreatesFile(target)}
     path = formats.torch_file(tmp_path / "evil.pt", state, legacy=legacy)
-    with pytest.raises(sk.UnsafePickleError) as info:
+    with pytest.raises(sk.errors.UnsafePickleError) as info:
         sk.read(path)
     assert not target.exists()
     assert info.value.globals == ("io.open",)
@@ -54,7 +54,7 @@ def test_protocol_5_pickle_with_os_system_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "touched"
     path = tmp_path / "evil.bin"
     path.write_bytes(pickle.dumps({"x": RunsCommand(target)}, protocol=5))
-    with pytest.raises(sk.UnsafePickleError, match=r"posix\.system|os\.system") as info:
+    with pytest.raises(sk.errors.UnsafePickleError, match=r"posix\.system|os\.system") as info:
         sk.read(path)
     assert not target.exists()
     assert len(info.value.globals) == 1
@@ -70,7 +70,7 @@ def test_lightning_hyperparameters_objects_are_refused(tmp_path: Path) -> None:
     path = formats.torch_file(
         tmp_path / "hp.ckpt", {"state_dict": {"w": torch.ones(1)}, "hyper_parameters": Config()}
     )
-    with pytest.raises(sk.UnsafePickleError, match=r"test_pickle_safety\.Config"):
+    with pytest.raises(sk.errors.UnsafePickleError, match=r"test_pickle_safety\.Config"):
         sk.read(path)
 
 
@@ -83,7 +83,7 @@ def test_accelerate_custom_object_is_refused(
         (folder / file.name).write_bytes(file.read_bytes())
     target = tmp_path / "created"
     torch.save({"obj": CreatesFile(target)}, folder / "custom_checkpoint_0.pkl")
-    with pytest.raises(sk.UnsafePickleError, match=r"custom_checkpoint_0\.pkl"):
+    with pytest.raises(sk.errors.UnsafePickleError, match=r"custom_checkpoint_0\.pkl"):
         sk.read(folder)
     assert not target.exists()
 
@@ -104,9 +104,9 @@ def test_dcp_metadata_with_a_planted_global_is_refused(tmp_path: Path) -> None:
     folder = formats.dcp_folder(tmp_path / "dcp", {"w": torch.ones(2)})
     target = tmp_path / "touched"
     (folder / ".metadata").write_bytes(pickle.dumps(RunsCommand(target), protocol=4))
-    with pytest.raises(sk.UnsafePickleError, match=r"\.metadata"):
+    with pytest.raises(sk.errors.UnsafePickleError, match=r"\.metadata"):
         read_dcp_metadata(folder)
-    with pytest.raises(sk.UnsafePickleError):
+    with pytest.raises(sk.errors.UnsafePickleError):
         sk.read(folder)
     assert not target.exists()
 

@@ -126,13 +126,15 @@ def test_statekeeper_directories_still_read_as_before(tmp_path: Path) -> None:
 
 def test_step_is_refused_for_foreign_formats(tmp_path: Path) -> None:
     path = formats.safetensors_file(tmp_path / "m.safetensors", formats.weights())
-    with pytest.raises(sk.InvalidArgumentError, match="has no steps"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="has no steps"):
         sk.read(path, step=1)
 
 
 def test_unknown_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(sk.InvalidArgumentError, match=r"notes\.txt: not a checkpoint format"):
+    with pytest.raises(
+        sk.errors.InvalidArgumentError, match=r"notes\.txt: not a checkpoint format"
+    ):
         sk.read(tmp_path / "notes.txt")
     (tmp_path / "weights.pt").write_text("hello")
     with pytest.raises(sk.CorruptCheckpointError, match=r"weights\.pt"):

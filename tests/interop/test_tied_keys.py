@@ -27,11 +27,11 @@ def gpt2_two_ways(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_tied_key_the_folder_omits_is_equal_by_default(gpt2_two_ways: tuple[Path, Path]) -> None:
     folder, pt = gpt2_two_ways
     assert "lm_head.weight" not in sk.read(folder)
-    result = sk.diff(folder, pt)
+    result = sk.audit.diff(folder, pt)
     assert result.equal, result.to_json()
     assert any("lm_head.weight: only in" in n and "tied to transformer.wte.weight" in n
                for n in result.notes)  # fmt: skip
-    strict = sk.diff(folder, pt, tied=sk.TiedKeys.STRICT)
+    strict = sk.audit.diff(folder, pt, tied=sk.audit.TiedKeys.STRICT)
     assert not strict.equal and strict.only_b == ("lm_head.weight",)
 
 
@@ -41,7 +41,7 @@ def test_a_different_twin_still_differs(gpt2_two_ways: tuple[Path, Path], tmp_pa
     state["transformer.wte.weight"][0, 0] += 1  # the tie survives torch.load: both change
     changed = tmp_path / "changed.pt"
     torch.save(state, changed)
-    result = sk.diff(folder, changed)
+    result = sk.audit.diff(folder, changed)
     assert not result.equal
     assert [d.key for d in result.different] == ["transformer.wte.weight"]
 
@@ -50,8 +50,10 @@ def test_two_plain_files_stay_strict_unless_asked(tmp_path: Path) -> None:
     w = torch.ones(2, 2)
     torch.save({"a": w, "b": w}, tmp_path / "both.pt")
     torch.save({"a": w.clone()}, tmp_path / "one.pt")
-    assert not sk.diff(tmp_path / "both.pt", tmp_path / "one.pt").equal
-    assert sk.diff(tmp_path / "both.pt", tmp_path / "one.pt", tied=sk.TiedKeys.MATCH).equal
+    assert not sk.audit.diff(tmp_path / "both.pt", tmp_path / "one.pt").equal
+    assert sk.audit.diff(
+        tmp_path / "both.pt", tmp_path / "one.pt", tied=sk.audit.TiedKeys.MATCH
+    ).equal
     cli = CliRunner().invoke(main, ["diff", str(tmp_path / "both.pt"), str(tmp_path / "one.pt"),
                                     "--tied", "match"])  # fmt: skip
     assert cli.exit_code == 0, cli.output

@@ -40,12 +40,12 @@ def test_declared_attributes_never_empty_what_is_not_the_modules() -> None:
     grad = model.fc.weight.grad.clone()
     model.refs.append(teacher.running_mean)  # another model's buffer: dropped
     model.grads.append(model.fc.weight.grad)  # the model's own gradient: left alone
-    report = sk.ClearReport()
-    sk.clear_state(model, report=report)
+    report = sk.clearing.ClearReport()
+    sk.clearing.clear_state(model, report=report)
     assert torch.equal(teacher.running_mean, stats) and x.shape == (2, 4)
     assert model.fc.weight.grad is not None and torch.equal(model.fc.weight.grad, grad)
     assert model.refs == [] and model.output is None and len(model.grads) == 1
-    assert {c.action for c in report.cleared} == {sk.ClearAction.RELEASED}
+    assert {c.action for c in report.cleared} == {sk.clearing.ClearAction.RELEASED}
 
 
 def test_a_submodule_cleared_alone_keeps_a_tied_view_of_an_outside_parameter() -> None:
@@ -59,7 +59,7 @@ def test_a_submodule_cleared_alone_keeps_a_tied_view_of_an_outside_parameter() -
 
     emb = torch.nn.Embedding(5, 4)
     model = torch.nn.ModuleDict({"emb": emb, "head": Head(emb)})
-    sk.clear_state(model["head"])
+    sk.clearing.clear_state(model["head"])
     assert model["head"].wt.shape == (4, 5)
 
     class Stats(torch.nn.Module):
@@ -75,10 +75,10 @@ def test_a_submodule_cleared_alone_keeps_a_tied_view_of_an_outside_parameter() -
             self.seen = [stats.mean]
 
         def statekeeper_clear_state(self) -> None:
-            sk.clear_state(self)  # the generic part sees the whole model's buffers
+            sk.clearing.clear_state(self)  # the generic part sees the whole model's buffers
 
     stats = Stats()
-    sk.clear_state(torch.nn.ModuleDict({"stats": stats, "peek": Peeker(stats)}))
+    sk.clearing.clear_state(torch.nn.ModuleDict({"stats": stats, "peek": Peeker(stats)}))
     assert torch.equal(stats.mean, torch.ones(3))
 
 
@@ -103,8 +103,8 @@ def test_like_keeps_random_constants_and_gives_back_none() -> None:
     with torch.no_grad():
         expected = model(x)
         model(x)
-    report = sk.ClearReport()
-    sk.clear_state(model, like=Features(), report=report)
+    report = sk.clearing.ClearReport()
+    sk.clearing.clear_state(model, like=Features(), report=report)
     assert model.proj is proj and model.anchor is anchor and model.past is None
     assert [c.path for c in report.cleared] == ["past"]
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_a_dtype_cast_model_and_inference_tensors_reset_cleanly() -> None:
     net = build().to(torch.bfloat16)
     net(torch.randn(8, 4, dtype=torch.bfloat16))
     stats = net[1].running_mean.clone()
-    sk.clear_state(net, include=sk.ClearInclude.BATCH_STATE, like=build())
+    sk.clearing.clear_state(net, include=sk.clearing.ClearInclude.BATCH_STATE, like=build())
     assert torch.equal(net[1].running_mean, stats)  # running statistics: never per-batch
 
     class Membrane(torch.nn.Module):
@@ -137,7 +137,7 @@ def test_a_dtype_cast_model_and_inference_tensors_reset_cleanly() -> None:
     model = Membrane()
     with torch.inference_mode():
         model(torch.ones(3, 4))
-    sk.clear_state(model, include=sk.ClearInclude.BATCH_STATE, like=Membrane())
+    sk.clearing.clear_state(model, include=sk.clearing.ClearInclude.BATCH_STATE, like=Membrane())
     assert model.v.shape == (1, 4) and not model.v.any() and model.hidden is None
 
 
@@ -163,13 +163,13 @@ def test_like_rebuilds_namedtuples_and_defaultdicts_and_rejects_meta() -> None:
 
     model = Stateful()
     model(torch.randn(2, 4))
-    sk.clear_state(model, like=Stateful())
+    sk.clearing.clear_state(model, like=Stateful())
     assert isinstance(model.state, State) and model.state.h.shape == (1,)
     assert isinstance(model.store, collections.defaultdict) and dict(model.store) == {}
     with torch.device("meta"):
         meta = Stateful()
-    with pytest.raises(sk.InvalidArgumentError, match=r"'fc.weight' is on the meta device"):
-        sk.clear_state(model, like=meta)
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"'fc.weight' is on the meta device"):
+        sk.clearing.clear_state(model, like=meta)
 
 
 def test_failing_rules_and_bad_declarations_say_where_before_anything_changes() -> None:
@@ -186,11 +186,13 @@ def test_failing_rules_and_bad_declarations_say_where_before_anything_changes() 
     class Wrong(torch.nn.Module):
         statekeeper_transient = None
 
-    with pytest.raises(sk.InvalidArgumentError, match=r"Failing at '1'.*KeyError: 'cache'"):
-        sk.clear_state(torch.nn.Sequential(First(), Failing()))
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"Failing at '1'.*KeyError: 'cache'"):
+        sk.clearing.clear_state(torch.nn.Sequential(First(), Failing()))
     calls.clear()
-    with pytest.raises(sk.InvalidArgumentError, match="statekeeper_transient must be a tuple"):
-        sk.clear_state(torch.nn.Sequential(First(), Wrong()))
+    with pytest.raises(
+        sk.errors.InvalidArgumentError, match="statekeeper_transient must be a tuple"
+    ):
+        sk.clearing.clear_state(torch.nn.Sequential(First(), Wrong()))
     assert calls == []  # checked before any rule ran
 
 
@@ -221,17 +223,19 @@ def test_rules_clearing_children_clear_each_once_and_report_what_they_freed() ->
         def statekeeper_clear_state(self) -> None:
             calls.append("container")
             for child in (self.a, self.b):
-                sk.clear_state(child)  # Torch7's containers clear their children
+                sk.clearing.clear_state(child)  # Torch7's containers clear their children
 
     model = torch.nn.Sequential(Container())
     model(torch.randn(2, 4))
-    report = sk.ClearReport()
-    sk.clear_state(model, report=report, mode="release", like=torch.nn.Sequential(Container()))
+    report = sk.clearing.ClearReport()
+    sk.clearing.clear_state(
+        model, report=report, mode="release", like=torch.nn.Sequential(Container())
+    )
     assert calls == ["container"]
     assert [(c.path, c.action, c.bytes) for c in report.cleared] == [
-        ("0.a.output", sk.ClearAction.RELEASED, 32),
-        ("0.b.output", sk.ClearAction.RELEASED, 32),
-        ("0", sk.ClearAction.CUSTOM, 0),
+        ("0.a.output", sk.clearing.ClearAction.RELEASED, 32),
+        ("0.b.output", sk.clearing.ClearAction.RELEASED, 32),
+        ("0", sk.clearing.ClearAction.CUSTOM, 0),
     ]
 
 
@@ -247,12 +251,12 @@ def test_a_parameter_free_cache_of_another_modules_output_is_only_dropped() -> N
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), KeepsActivation())
     out = model(torch.randn(2, 4))
-    report = sk.ClearReport()
-    sk.clear_state(model, report=report)
+    report = sk.clearing.ClearReport()
+    sk.clearing.clear_state(model, report=report)
     assert out.shape == (2, 4) and model[1].act is None  # its graph is not the module's
-    extra: dict[str, Any] = {"mode": sk.ClearMode.EMPTY}
+    extra: dict[str, Any] = {"mode": sk.clearing.ClearMode.EMPTY}
     model(torch.randn(2, 4))
-    sk.clear_state(model[1], **extra)
+    sk.clearing.clear_state(model[1], **extra)
     assert model[1].act is None
 
 
@@ -273,7 +277,7 @@ def test_a_cell_keeping_its_input_declares_it_borrowed_and_the_callers_states_su
     for _ in range(3):
         h = cell(h)
         states.append(h)
-    sk.clear_state(cell)
+    sk.clearing.clear_state(cell)
     assert [s.shape for s in states] == [(1, 4)] * 3 and cell.last_in is None
 
 
@@ -292,7 +296,7 @@ def test_like_leaves_filled_tables_cast_constants_and_weight_norm_alone() -> Non
     model = Calibrated()
     model(torch.randn(5, 3))
     calibrated = model.min_val.clone()
-    sk.clear_state(model, like=Calibrated(), include=sk.ClearInclude.BATCH_STATE)
+    sk.clearing.clear_state(model, like=Calibrated(), include=sk.clearing.ClearInclude.BATCH_STATE)
     assert torch.equal(model.min_val, calibrated) and model.v.shape == (1, 3)
 
     class Features(torch.nn.Module):
@@ -310,14 +314,14 @@ def test_like_leaves_filled_tables_cast_constants_and_weight_norm_alone() -> Non
 
     cast = Features().double()
     proj = cast.proj
-    sk.clear_state(cast, like=Features())
+    sk.clearing.clear_state(cast, like=Features())
     assert cast.proj is proj and cast(torch.ones(1, 4, dtype=torch.float64)).shape == (1, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the old weight_norm, still in use
         normed = torch.nn.utils.weight_norm(torch.nn.Linear(4, 4))
         fresh = torch.nn.utils.weight_norm(torch.nn.Linear(4, 4))
     weight = normed.weight
-    sk.clear_state(normed, like=fresh)
+    sk.clearing.clear_state(normed, like=fresh)
     assert normed.weight is weight  # computed from weight_g and weight_v: machinery
 
 
@@ -335,10 +339,10 @@ def test_a_childs_rule_runs_once_when_a_parents_rule_clears_it() -> None:
 
         def statekeeper_clear_state(self) -> None:
             calls.append("parent")
-            sk.clear_state(self.c)
+            sk.clearing.clear_state(self.c)
 
-    report = sk.ClearReport()
-    sk.clear_state(Parent(), report=report)
+    report = sk.clearing.ClearReport()
+    sk.clearing.clear_state(Parent(), report=report)
     assert calls == ["parent", "child"]
     assert [c.path for c in report.cleared] == ["c", ""]
 
@@ -356,11 +360,11 @@ def test_nested_tensors_are_dropped_and_declarations_are_checked() -> None:
     model = Ragged()
     model([torch.randn(2, 4), torch.randn(3, 4)])
     a = model.a
-    report = sk.ClearReport()
-    sk.clear_state(model, report=report)
+    report = sk.clearing.ClearReport()
+    sk.clearing.clear_state(model, report=report)
     assert model.a is None and model.z is None and a.numel() == 0
     assert {c.path: c.action for c in report.cleared} == {
-        "a": sk.ClearAction.EMPTIED, "z": sk.ClearAction.RELEASED
+        "a": sk.clearing.ClearAction.EMPTIED, "z": sk.clearing.ClearAction.RELEASED
     }  # fmt: skip
 
     class SavesIt(torch.nn.Module):
@@ -370,8 +374,8 @@ def test_nested_tensors_are_dropped_and_declarations_are_checked() -> None:
             super().__init__()
             self.register_buffer("k", torch.zeros(2))
 
-    with pytest.raises(sk.InvalidArgumentError, match=r"persistent buffer 'k'.*batch_state"):
-        sk.clear_state(SavesIt())
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"persistent buffer 'k'.*batch_state"):
+        sk.clearing.clear_state(SavesIt())
 
     class Tied(torch.nn.Module):
         statekeeper_owned = ("weight",)
@@ -380,8 +384,8 @@ def test_nested_tensors_are_dropped_and_declarations_are_checked() -> None:
             super().__init__()
             self.weight = torch.nn.Parameter(torch.ones(2))
 
-    with pytest.raises(sk.InvalidArgumentError, match=r"parameter 'weight'.*never cleared"):
-        sk.clear_state(Tied())
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"parameter 'weight'.*never cleared"):
+        sk.clearing.clear_state(Tied())
 
 
 def test_like_resets_a_declared_position_counter() -> None:
@@ -406,9 +410,9 @@ def test_like_resets_a_declared_position_counter() -> None:
     x = torch.randn(2, 4)
     model(x)
     model(x)
-    sk.clear_state(model)
+    sk.clearing.clear_state(model)
     assert model.pos == 4  # without a fresh instance, a number cannot be known
-    sk.clear_state(model, like=KV())
+    sk.clearing.clear_state(model, like=KV())
     assert model.pos == 0 and torch.equal(model(x), fresh(x))
 
 
@@ -430,11 +434,11 @@ def test_a_declared_cache_buffer_goes_back_to_none_and_the_callers_copy_survives
     kept = model.cache
     assert kept is not None
     values = kept.clone()
-    sk.clear_state(model)
+    sk.clearing.clear_state(model)
     assert model.cache is None and "cache" in model._buffers  # registered, as __init__ left
     assert torch.equal(kept, values)  # no history, not owned: the caller's copy survives
     model(torch.ones(2, 3))
-    sk.clear_state(model, like=Rotary())
+    sk.clearing.clear_state(model, like=Rotary())
     assert model.cache is None
 
 
@@ -451,7 +455,7 @@ def test_per_channel_scales_and_declared_results_of_init_forwards() -> None:
     model = PerChannel()
     model(torch.randn(4, 3))
     scale = model.scale.clone()
-    sk.clear_state(model, like=PerChannel(), include=sk.ClearInclude.BATCH_STATE)
+    sk.clearing.clear_state(model, like=PerChannel(), include=sk.clearing.ClearInclude.BATCH_STATE)
     assert torch.equal(model.scale, scale)  # a per-channel scale: the model's, not the batch's
 
     class Probed(torch.nn.Module):
@@ -468,7 +472,9 @@ def test_per_channel_scales_and_declared_results_of_init_forwards() -> None:
 
     probed = Probed()
     probed(torch.ones(2, 4))
-    sk.clear_state(probed, like=Probed())  # declared: cleared, given back what __init__ left
+    sk.clearing.clear_state(
+        probed, like=Probed()
+    )  # declared: cleared, given back what __init__ left
     assert probed.last is not None and probed.last.shape == (64, 4)
     assert probed.last.grad_fn is None  # a copy, without the fresh instance's graph
 
@@ -489,7 +495,7 @@ def test_values_given_back_take_the_models_dtype() -> None:
     model = Hidden().to(torch.bfloat16)
     model.h = model.h.to(torch.bfloat16)
     model(torch.ones(1, 4, dtype=torch.bfloat16))
-    sk.clear_state(model, like=Hidden())
+    sk.clearing.clear_state(model, like=Hidden())
     assert model.h.dtype == torch.bfloat16 and not model.h.any()
 
 
@@ -512,7 +518,7 @@ def test_values_given_back_keep_their_own_dtype_under_autocast_and_float64() -> 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(torch.ones(1, 4))
     assert model.h.dtype == torch.bfloat16  # the leftover's dtype, not the model's
-    sk.clear_state(model, like=Cell())
+    sk.clearing.clear_state(model, like=Cell())
     assert model.h.dtype == torch.float32 and model.table[1].dtype == torch.float64
     assert model(torch.ones(1, 4)).dtype == torch.float32
 
@@ -539,5 +545,7 @@ def test_a_subclass_keeping_a_declared_batch_buffer_as_an_attribute_clears_it() 
 
     model = FastLIF()
     model(torch.ones(2, 4))
-    sk.clear_state(model)  # declared per-batch state, kept unregistered: cleared as transient
+    sk.clearing.clear_state(
+        model
+    )  # declared per-batch state, kept unregistered: cleared as transient
     assert model.mem is None

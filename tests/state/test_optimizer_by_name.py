@@ -64,7 +64,9 @@ def test_parameters_across_several_modules_are_named_by_their_entry(tmp_path: Pa
 
 def test_a_parameter_outside_the_state_is_refused(tmp_path: Path) -> None:
     _, opt = trained(0)
-    with pytest.raises(sk.InvalidArgumentError, match="holds parameters of no module in the state"):
+    with pytest.raises(
+        sk.errors.InvalidArgumentError, match="holds parameters of no module in the state"
+    ):
         sk.save(tmp_path, {"opt": opt}, step=1)
 
 

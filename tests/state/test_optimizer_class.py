@@ -57,7 +57,9 @@ def test_a_deliberate_switch_keeps_fresh_state_and_carries_the_learning_rate(
     run = _saved(tmp_path)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    sk.load(run, {"model": model, "opt": opt}, on_optimizer_change=sk.OptimizerChange.RESTART)
+    sk.load(
+        run, {"model": model, "opt": opt}, on_optimizer_change=sk.training.OptimizerChange.RESTART
+    )
     group = opt.param_groups[0]
     assert group["lr"] == 0.01 and group["momentum"] == 0.9 and not opt.state
     model(torch.randn(3, 4)).sum().backward()
@@ -71,7 +73,7 @@ def test_old_checkpoints_without_a_class_are_checked_by_hyper_parameter_names(
     state = {"model": model, "opt": opt}
     captured = capture(state)
     captured["opt"].pop("class")  # as written before the class was recorded
-    write_step(sk.LocalStorage(tmp_path), captured, step=1)
+    write_step(sk.storage.LocalStorage(tmp_path), captured, step=1)
     sgd = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     with pytest.raises(sk.KeyMismatchError, match=r"betas.*does not use.*lacks.*momentum"):
         sk.load(tmp_path, {"model": model, "opt": sgd})
@@ -83,7 +85,7 @@ def test_old_checkpoints_without_a_class_are_checked_by_hyper_parameter_names(
 def test_on_optimizer_change_must_be_the_enum(tmp_path: Path) -> None:
     run = _saved(tmp_path)
     model, opt = _trained(torch.optim.AdamW)
-    with pytest.raises(sk.InvalidArgumentError, match="OptimizerChange"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="OptimizerChange"):
         sk.load(run, {"model": model, "opt": opt}, on_optimizer_change="restart")
 
 
@@ -91,7 +93,7 @@ def test_a_class_from_the_training_script_matches_when_imported_later(tmp_path: 
     model, opt = _trained(torch.optim.AdamW, lr=0.01)
     captured = capture({"model": model, "opt": opt})
     captured["opt"]["class"] = "__main__.AdamW"  # saved by `python train.py`
-    write_step(sk.LocalStorage(tmp_path), captured, step=1)
+    write_step(sk.storage.LocalStorage(tmp_path), captured, step=1)
     same = torch.optim.AdamW(model.parameters(), lr=0.5)
     sk.load(tmp_path, {"model": model, "opt": same})
     assert same.param_groups[0]["lr"] == 0.01

@@ -86,7 +86,7 @@ def test_offline_averaging_asks_the_capability_not_the_class(tmp_path: Path) -> 
     runs = [tmp_path / "a", tmp_path / "b"]
     for i, run in enumerate(runs):
         sk.save(run, {"model": {"w": torch.full((3,), float(i))}}, step=1)
-    with pytest.raises(sk.InvalidArgumentError, match="local checkpoints only"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="local checkpoints only"):
         average_checkpoints([_RemoteLocal(run) for run in runs], tmp_path / "out")
     memories = [_MappedMemory(name=f"memory://{i}") for i in range(2)]
     for i, storage in enumerate(memories):

@@ -43,7 +43,7 @@ def test_failure_at_every_operation_leaves_previous_step_intact(crash: bool) -> 
     for k in range(ops):
         storage = base.copy()
         storage.fail_at = storage.operations + k
-        with pytest.raises(sk.InjectedFailure):
+        with pytest.raises(sk.storage.InjectedFailure):
             sk.save(storage, _state(2), step=2, shard_bytes=512)
         if crash:
             storage.crash()
@@ -69,14 +69,14 @@ def test_a_completed_save_survives_a_power_cut() -> None:
     expected = sk.read(storage)
     storage.crash()
     assert_state_equal(sk.read(storage), expected)
-    assert not sk.list_partial(storage)
+    assert not sk.audit.list_partial(storage)
 
 
 def test_power_cut_mid_save_leaves_only_a_partial_that_cleanup_removes() -> None:
     storage = MemoryStorage()
     sk.save(storage, _state(1), step=1)
     storage.fail_at = storage.operations + 3
-    with pytest.raises(sk.InjectedFailure):
+    with pytest.raises(sk.storage.InjectedFailure):
         sk.save(storage, _state(2), step=2)
     # the failing save aborted its partial directory itself
-    assert not sk.list_partial(storage)
+    assert not sk.audit.list_partial(storage)

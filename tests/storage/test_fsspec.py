@@ -12,6 +12,7 @@ import torch
 from tests.conftest import trained
 
 import statekeeper as sk
+from statekeeper.checkpoint.location import resolve_storage
 from statekeeper.cli.main import main as cli
 from statekeeper.storage.fsspec import INCOMPLETE
 from statekeeper.testing import assert_state_equal
@@ -48,9 +49,9 @@ def test_step_without_its_manifest_is_not_committed(url: str) -> None:
     root = url.removeprefix("memory://")
     fs.pipe(f"{root}/step_000000002/tensors-00000.safetensors", b"half a file")
     assert [i.step for i in sk.list_checkpoints(url)] == [1]
-    assert [p.name for p in sk.list_partial(url)] == ["step_000000002" + INCOMPLETE]
+    assert [p.name for p in sk.audit.list_partial(url)] == ["step_000000002" + INCOMPLETE]
     assert sk.load(url, {"model": trained()[0]}, strict=sk.Strict.PARTIAL).step == 1
-    assert sk.remove_partial(url) == ["step_000000002" + INCOMPLETE]
+    assert sk.audit.remove_partial(url) == ["step_000000002" + INCOMPLETE]
     assert not fs.exists(f"{root}/step_000000002")
 
 
@@ -82,18 +83,18 @@ class _FailingOpen:
 @pytest.mark.parametrize("failing", [1, 2])  # the shard, then the manifest (commit marker)
 def test_write_failing_half_way_commits_nothing(url: str, failing: int) -> None:
     sk.save(url, state(), step=1)
-    storage = sk.FsspecStorage(url)
+    storage = sk.storage.FsspecStorage(url)
     storage.fs = _FailingOpen(storage.fs, failing)
-    with pytest.raises(sk.StorageError, match="injected failure"):  # every file written
+    with pytest.raises(sk.errors.StorageError, match="injected failure"):  # every file written
         sk.save(storage, state(), step=2, incremental=sk.Incremental.WRITE_ALL)
     assert [i.step for i in sk.list_checkpoints(url)] == [1]
-    assert sk.list_partial(url) == []  # the aborted save cleaned up after itself
+    assert sk.audit.list_partial(url) == []  # the aborted save cleaned up after itself
     assert sk.load(url, {"model": trained()[0]}, strict=sk.Strict.PARTIAL).step == 1
 
 
 def test_overwrite_replaces_a_committed_step(url: str) -> None:
     sk.save(url, {"x": torch.zeros(3)}, step=1)
-    with pytest.raises(sk.StepExistsError):
+    with pytest.raises(sk.errors.StepExistsError):
         sk.save(url, {"x": torch.ones(3)}, step=1)
     sk.save(url, {"x": torch.ones(3)}, step=1, overwrite=True)
     assert torch.equal(sk.read(url)["x"], torch.ones(3))
@@ -114,11 +115,11 @@ def test_file_url_is_crash_safe_local_storage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"file://{tmp_path}/run"
-    assert isinstance(sk.checkpoint.location.resolve_storage(url), sk.LocalStorage)
+    assert isinstance(resolve_storage(url), sk.storage.LocalStorage)
     sk.save(url, state(), step=1)
     assert [i.step for i in sk.list_checkpoints(url)] == [1]
     assert (tmp_path / "run" / "step_000000001" / "manifest.json").is_file()
-    storage = sk.LocalStorage(tmp_path / "run")
+    storage = sk.storage.LocalStorage(tmp_path / "run")
     txn_class = type(storage.begin("probe"))
     storage.remove(next(e for e in storage.entries() if e.startswith("probe")))
     real = txn_class.write_chunks
@@ -133,7 +134,7 @@ def test_file_url_is_crash_safe_local_storage(
         sk.save(url, state(), step=2)
     monkeypatch.undo()
     assert [i.step for i in sk.list_checkpoints(url)] == [1]
-    assert sk.list_partial(url) == []
+    assert sk.audit.list_partial(url) == []
     assert sk.read(url)["step"] == 7
 
 
@@ -146,7 +147,7 @@ def test_cli_accepts_urls(url: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_scheme_says_what_to_install() -> None:
-    with pytest.raises(sk.InvalidArgumentError, match="install"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match="install"):
         sk.list_checkpoints("nosuchproto://bucket/run")
 
 

@@ -19,7 +19,7 @@ from tests.helpers import launcher
 import statekeeper as sk
 
 ROOT = Path(__file__).resolve().parents[2]
-TAKE_LOCK = "import sys, statekeeper as sk; print(sk.remove_partial(sys.argv[1]))"
+TAKE_LOCK = "import sys, statekeeper as sk; print(sk.audit.remove_partial(sys.argv[1]))"
 
 
 def _other_process_takes_the_lock(run: Path) -> subprocess.CompletedProcess[str]:
@@ -94,7 +94,7 @@ def test_the_lock_stays_exclusive_across_processes_objects_and_threads(tmp_path:
         assert refused.returncode != 0
         assert "WriterConflictError" in refused.stderr
         assert f"pid {os.getpid()} on" in refused.stderr  # names the real holder
-        with pytest.raises(sk.WriterConflictError, match="another writer of this process"):
+        with pytest.raises(sk.errors.WriterConflictError, match="another writer of this process"):
             sk.save(tmp_path, {"x": 1}, step=1)
         errors: list[BaseException] = []
 
@@ -107,7 +107,7 @@ def test_the_lock_stays_exclusive_across_processes_objects_and_threads(tmp_path:
         thread = threading.Thread(target=second)
         thread.start()
         thread.join()
-        assert len(errors) == 1 and isinstance(errors[0], sk.WriterConflictError)
+        assert len(errors) == 1 and isinstance(errors[0], sk.errors.WriterConflictError)
         ckpt.save(1, {"x": 1})  # the holder itself is not refused
     finally:
         ckpt.close()
@@ -128,7 +128,7 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
     )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "held"
-    with pytest.raises(sk.WriterConflictError, match=f"pid {child.pid} on"):
+    with pytest.raises(sk.errors.WriterConflictError, match=f"pid {child.pid} on"):
         sk.Checkpointer(tmp_path)
     child.kill()
     child.wait()
@@ -183,7 +183,7 @@ def test_the_lock_excludes_a_writer_that_takes_it_with_flock(tmp_path: Path) -> 
     fd = os.open(lock, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        with pytest.raises(sk.WriterConflictError):
+        with pytest.raises(sk.errors.WriterConflictError):
             sk.Checkpointer(tmp_path)
     finally:
         os.close(fd)

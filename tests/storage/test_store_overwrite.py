@@ -18,7 +18,7 @@ def test_an_overwrite_killed_half_way_on_an_object_store_never_loses_the_step(
     s3_server: S3Server,
 ) -> None:
     url = f"s3://{s3_server.new_bucket()}/run"
-    storage = sk.FsspecStorage(url, **s3_server.options)
+    storage = sk.storage.FsspecStorage(url, **s3_server.options)
     sk.save(storage, {"w": torch.ones(1000)}, step=1)
     child = launcher.Popen(
         [sys.executable, "-m", "tests.helpers.store_overwrite", s3_server.endpoint, url],
@@ -27,7 +27,7 @@ def test_an_overwrite_killed_half_way_on_an_object_store_never_loses_the_step(
     assert child.stdout is not None
     try:
         assert child.stdout.readline().strip() == "mid-upload"  # the new version half written
-        reader = sk.FsspecStorage(url, **s3_server.options)  # another process's client
+        reader = sk.storage.FsspecStorage(url, **s3_server.options)  # another process's client
         live = {"w": torch.zeros(1000)}
         assert [i.step for i in sk.list_checkpoints(reader)] == [1]
         assert sk.load(reader, live).step == 1 and torch.equal(live["w"], torch.ones(1000))
@@ -36,8 +36,8 @@ def test_an_overwrite_killed_half_way_on_an_object_store_never_loses_the_step(
         child.wait()
     live = {"w": torch.zeros(1000)}
     assert sk.load(storage, live, step=1).step == 1 and torch.equal(live["w"], torch.ones(1000))
-    assert sk.verify(storage).ok
-    sk.remove_partial(storage)  # recovery: the set-aside copy is step_000000001 again
+    assert sk.audit.verify(storage).ok
+    sk.audit.remove_partial(storage)  # recovery: the set-aside copy is step_000000001 again
     assert storage.top_level() == ["step_000000001"]
     live = {"w": torch.zeros(1000)}
     assert sk.load(storage, live).step == 1 and torch.equal(live["w"], torch.ones(1000))

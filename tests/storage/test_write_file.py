@@ -31,7 +31,7 @@ def test_writes_the_pieces_in_order_and_leaves_no_temporary_file(tmp_path: Path)
 @pytest.mark.parametrize(
     ("fail", "raised"),
     [
-        (OSError(errno.ENOSPC, "No space left on device"), sk.StorageError),
+        (OSError(errno.ENOSPC, "No space left on device"), sk.errors.StorageError),
         (RuntimeError("the source broke"), RuntimeError),
         (KeyboardInterrupt(), KeyboardInterrupt),
     ],
@@ -45,12 +45,12 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(
         write_file(target, _pieces(b"new bytes", fail=fail))
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["w.safetensors"]
-    if raised is sk.StorageError:
+    if raised is sk.errors.StorageError:
         assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
         assert str(target) in str(info.value) and "free space" in str(info.value)
 
 
 def test_a_folder_that_cannot_be_made_is_a_storage_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
-    with pytest.raises(sk.StorageError, match="temporary file"):
+    with pytest.raises(sk.errors.StorageError, match="temporary file"):
         write_file(tmp_path / "file" / "w.safetensors", [b"x"])

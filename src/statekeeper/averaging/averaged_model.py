@@ -47,7 +47,9 @@ def _policy(use_buffers: bool, buffers: BufferPolicy | None) -> BufferPolicy:
     if buffers is None:
         return BufferPolicy.AVERAGE if use_buffers else BufferPolicy.COPY
     if not isinstance(buffers, BufferPolicy):
-        raise InvalidArgumentError(f"buffers must be a statekeeper.BufferPolicy, got {buffers!r}")
+        raise InvalidArgumentError(
+            f"buffers must be a statekeeper.averaging.BufferPolicy, got {buffers!r}"
+        )
     if use_buffers and buffers is not BufferPolicy.AVERAGE:
         raise InvalidArgumentError(
             f"use_buffers=True conflicts with buffers={buffers}; pass one of them"
@@ -100,7 +102,7 @@ class AveragedModel(nn.Module):
             raise InvalidArgumentError("pass either rule= or avg_fn=/multi_avg_fn=, not both")
         if rule is not None and not isinstance(rule, AveragingRule):
             raise InvalidArgumentError(
-                f"rule must be statekeeper.EMA(...) or SWA(...), got {rule!r}"
+                f"rule must be statekeeper.averaging.EMA(...) or SWA(...), got {rule!r}"
             )
         self.buffer_policy = _policy(bool(use_buffers), buffers)
         self.use_buffers = self.buffer_policy is BufferPolicy.AVERAGE

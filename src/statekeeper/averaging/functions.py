@@ -1,7 +1,7 @@
 """torch-compatible averaging functions (same names and signatures as ``swa_utils``).
 
 They exist so that switching ``from torch.optim.swa_utils import ...`` to
-``from statekeeper import ...`` keeps code working. Prefer ``rule=EMA(...)`` / ``SWA()``:
+``from statekeeper.averaging import ...`` keeps code working. Prefer ``rule=EMA(...)`` / ``SWA()``:
 rules need no closure (the AveragedModel stays picklable) and know warmup schedules.
 """
 

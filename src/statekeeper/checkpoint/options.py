@@ -123,7 +123,7 @@ class RestoreOptions:
             )
         if not isinstance(self.on_optimizer_change, OptimizerChange):
             raise InvalidArgumentTypeError(
-                "on_optimizer_change must be a statekeeper.OptimizerChange, got "
+                "on_optimizer_change must be a statekeeper.training.OptimizerChange, got "
                 f"{self.on_optimizer_change!r}"
             )
         require_callable("progress", self.progress, "progress(done, total)")

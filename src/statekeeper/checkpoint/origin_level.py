@@ -40,8 +40,8 @@ def origin_level(chosen: Origin | None = None) -> Origin:
     if chosen is not None:
         if not isinstance(chosen, Origin):
             raise InvalidArgumentTypeError(
-                f"origin must be a statekeeper.Origin (FULL, REDACTED, MINIMAL, NONE), "
-                f"got {chosen!r}; pass e.g. origin=statekeeper.Origin.MINIMAL"
+                f"origin must be a statekeeper.training.Origin (FULL, REDACTED, MINIMAL, NONE), "
+                f"got {chosen!r}; pass e.g. origin=statekeeper.training.Origin.MINIMAL"
             )
         return chosen
     named = os.environ.get(ORIGIN_ENV, "").strip().lower()

@@ -6,7 +6,7 @@ Save policies answer ``should_save(step, seconds_since_last_save)``:
 arrives (pre-emption; see :mod:`statekeeper.checkpoint.signals`).
 
 Retention policies answer ``keep(checkpoints) -> set of steps``:
-``KeepLatest(n)``, ``KeepBest(n, metric=..., mode=Mode.MIN)``, ``KeepEvery(n)``; ``a | b``
+``KeepLatest(n)``, ``KeepBest(n, metric=..., mode=MetricGoal.MIN)``, ``KeepEvery(n)``; ``a | b``
 keeps the union. The Checkpointer always keeps the newest committed step and the step the
 run resumed from, whatever the policy says, and applies retention only after a commit.
 """
@@ -25,8 +25,8 @@ from statekeeper.checkpoint.signals import signal_of
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [
-    "AtSteps", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery", "KeepLatest", "Mode",
-    "OnSignal", "Retention", "SavePolicy", "signals_of",
+    "AtSteps", "EverySeconds", "EverySteps", "KeepBest", "KeepEvery", "KeepLatest",
+    "MetricGoal", "OnSignal", "Retention", "SavePolicy", "signals_of",
 ]  # fmt: skip
 
 
@@ -214,7 +214,10 @@ class AnySave(SavePolicy):
         return any(p.should_save(step, seconds_since_save) for p in self.policies)
 
 
-class Mode(StrEnum):
+class MetricGoal(StrEnum):
+    """Which value of ``KeepBest``'s metric is the best: ``MIN`` (a loss) or ``MAX`` (an
+    accuracy)."""
+
     MIN = "min"
     MAX = "max"
 
@@ -266,21 +269,21 @@ class KeepBest(Retention):
 
     n: int
     metric: str
-    mode: Mode = Mode.MIN
+    mode: MetricGoal = MetricGoal.MIN
 
     def __post_init__(self) -> None:
         _positive_int("KeepBest(n)", self.n)
         if not isinstance(self.metric, str) or not self.metric:
             raise InvalidArgumentError(f"KeepBest needs a metric name, got {self.metric!r}")
-        if not isinstance(self.mode, Mode):
+        if not isinstance(self.mode, MetricGoal):
             raise InvalidArgumentError(
-                f"KeepBest mode must be Mode.MIN or Mode.MAX, got {self.mode!r}"
+                f"KeepBest mode must be MetricGoal.MIN or MetricGoal.MAX, got {self.mode!r}"
             )
 
     def keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
         values = {c.step: _rankable(c.metrics.get(self.metric)) for c in checkpoints}
         ranked = [c for c in checkpoints if values[c.step] is not None]
-        sign = 1 if self.mode is Mode.MIN else -1
+        sign = 1 if self.mode is MetricGoal.MIN else -1
         # ties go to the newer step
         ranked.sort(key=lambda c: (sign * values[c.step], -c.step))  # type: ignore[operator]
         return {c.step for c in ranked[: self.n]}

@@ -21,8 +21,8 @@ __all__ = ["doctor"]
 @click.option(
     "--fix-transient",
     is_flag=True,
-    help="Print the declarations that let statekeeper.clear_state free the transient tensors "
-    "and per-batch buffers found (SK004, SK005), and the call to make.",
+    help="Print the declarations that let statekeeper.clearing.clear_state free the transient "
+    "tensors and per-batch buffers found (SK004, SK005), and the call to make.",
 )
 def doctor(target: str, as_json: bool, fix_transient: bool) -> None:
     """Diagnose what MODULE:FUNCTION builds (a model, or a dict with model=, optimizer=,

@@ -188,7 +188,7 @@ def listing(
         summary += f", {damaged} damaged"
     kept = sum(1 for p in partial if str(p.kind) == "damaged")
     if len(partial) > kept:
-        summary += f", {len(partial) - kept} partial (remove with statekeeper.remove_partial)"
+        summary += f", {len(partial) - kept} partial (remove with statekeeper.audit.remove_partial)"
     if kept:
         summary += f", {kept} damaged set aside (kept as evidence)"
     console.print(Text(summary), soft_wrap=True)

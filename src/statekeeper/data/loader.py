@@ -3,8 +3,10 @@
 A plain ``DataLoader`` has no state. Give it a :class:`ResumableSampler` (``sampler=`` or
 inside a :class:`ResumableBatchSampler`) and wrap it::
 
-    sampler = sk.ResumableSampler(dataset, seed=0)
-    loader = sk.ResumableLoader(DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4))
+    sampler = sk.data.ResumableSampler(dataset, seed=0)
+    loader = sk.data.ResumableLoader(
+        DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4)
+    )
     state = {"model": model, "opt": opt, "loader": loader}
 
 The wrapper counts the batches the loop received (workers prefetch batches ahead of that),
@@ -37,7 +39,7 @@ def _resumable_parts(loader: torch.utils.data.DataLoader[Any]) -> tuple[Resumabl
     if isinstance(sampler, ResumableSampler):
         return sampler, getattr(batch_sampler, "batch_size", None) or 1
     raise InvalidArgumentError(
-        "ResumableLoader needs a DataLoader whose sampler is a statekeeper.ResumableSampler "
+        "ResumableLoader needs a DataLoader whose sampler is a statekeeper.data.ResumableSampler "
         "(sampler=ResumableSampler(dataset, seed=...), or "
         "batch_sampler=ResumableBatchSampler(...)); "
         f"this one samples with {type(sampler or batch_sampler).__name__}"

@@ -83,8 +83,9 @@ def refuse_plain_dataloader(name: str, obj: object) -> None:
     if isinstance(obj, torch.utils.data.DataLoader) and not is_stateful_dataloader(obj):
         raise InvalidArgumentError(
             f"state entry {name!r} is a torch.utils.data.DataLoader, which has no state: a resumed "
-            "run would start its epoch over. Wrap it: statekeeper.ResumableLoader(DataLoader(..., "
-            "sampler=statekeeper.ResumableSampler(dataset, seed=...))), or use torchdata's "
+            "run would start its epoch over. Wrap it: "
+            "statekeeper.data.ResumableLoader(DataLoader(..., "
+            "sampler=statekeeper.data.ResumableSampler(dataset, seed=...))), or use torchdata's "
             "StatefulDataLoader."
         )
 
@@ -114,7 +115,7 @@ def _warn_worker_randomness(name: str, loader: Any) -> None:
             f"num_workers={workers}: random numbers its workers draw in __getitem__ (random "
             "augmentation) are not saved, so a run resumed mid-epoch would augment the same "
             "samples differently. If the dataset draws random numbers, wrap it: "
-            "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...); if it does not, "
+            "StatefulDataLoader(statekeeper.data.WorkerRNGDataset(dataset), ...); if it does not, "
             "ignore this warning.",
             StatekeeperWarning,
             stacklevel=user_stacklevel(),
@@ -129,7 +130,7 @@ def capture_loader(name: str, loader: Any) -> dict[str, Any]:
             f"state entry {name!r}: a StatefulDataLoader sampling with torch's "
             f"{type(sampler).__name__} cannot resume the same order (the sampler draws a new "
             "permutation when re-created). Use shuffle=True with generator=..., torchdata's "
-            "stateful_dataloader.sampler.RandomSampler, or statekeeper.ResumableSampler."
+            "stateful_dataloader.sampler.RandomSampler, or statekeeper.data.ResumableSampler."
         )
     _warn_worker_randomness(name, loader)
     own = loader.state_dict()  # first: before the first iter() this builds the iterator (draws)

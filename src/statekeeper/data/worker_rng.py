@@ -152,7 +152,7 @@ def warn_late(loader: Any, fix: str) -> None:
         "statekeeper: the worker random state of a StatefulDataLoader was asked to be saved "
         "after its workers had started (its iterator was made): their draws are not saved "
         f"until the loader makes a new iterator ({until}). {fix}, or wrap the dataset: "
-        "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)",
+        "StatefulDataLoader(statekeeper.data.WorkerRNGDataset(dataset), ...)",
         StatekeeperWarning,
         stacklevel=user_stacklevel(),
     )

@@ -88,11 +88,12 @@ class TransientFix:
         go back to what ``__init__`` made (their shape too) only with a fresh instance."""
         if any(c.declarations["statekeeper_batch_state"] for c in self.classes):
             return (
-                "statekeeper.clear_state(\n"
-                "    model, include=statekeeper.ClearInclude.BATCH_STATE, like=fresh_model\n"
+                "statekeeper.clearing.clear_state(\n"
+                "    model, include=statekeeper.clearing.ClearInclude.BATCH_STATE, "
+                "like=fresh_model\n"
                 ")  # fresh_model: built as the model was"
             )
-        return "statekeeper.clear_state(model)"
+        return "statekeeper.clearing.clear_state(model)"
 
     def code(self) -> str:
         blocks = [c.code() for c in self.classes if c.added]

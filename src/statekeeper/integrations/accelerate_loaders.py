@@ -82,7 +82,7 @@ class AccelerateLoader:
                 "not resume exactly from this save. Call "
                 "statekeeper.integrations.accelerate.has_checkpoint(accelerator) (or "
                 "load_state) before the first batch, or wrap the dataset: "
-                "DataLoader(statekeeper.WorkerRNGDataset(dataset), ...)",
+                "DataLoader(statekeeper.data.WorkerRNGDataset(dataset), ...)",
                 StatekeeperWarning,
                 stacklevel=user_stacklevel(),
             )

@@ -145,7 +145,7 @@ def warn_if_inexact(loader: Any) -> None:
         "StatekeeperTrainer builds (get_train_dataloader is overridden): random numbers its "
         "workers draw in __getitem__ (random augmentation) are not saved, so a run resumed "
         "mid-epoch would augment differently. Build it with super().get_train_dataloader(), "
-        "or return torchdata's StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...) "
+        "or return torchdata's StatefulDataLoader(statekeeper.data.WorkerRNGDataset(dataset), ...) "
         "prepared by self.accelerator; if __getitem__ draws no random numbers, ignore this.",
         StatekeeperWarning,
         stacklevel=2,

@@ -133,7 +133,7 @@ def checked_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
         if not is_stateful(obj):
             raise InvalidArgumentError(
                 f"extra_state[{name!r}] is a {type(obj).__name__}, which has no state_dict() / "
-                "load_state_dict(): pass such an object (an sk.AveragedModel, a module, a "
-                "callback with both methods), or wrap a plain value in statekeeper.Value"
+                "load_state_dict(): pass such an object (an sk.averaging.AveragedModel, a module, "
+                "a callback with both methods), or wrap a plain value in statekeeper.Value"
             )
     return dict(extra)

@@ -89,7 +89,7 @@ class StatekeeperModelParallelStrategy(ByPackage):
             raise InvalidArgumentError(
                 "StatekeeperModelParallelStrategy saves sharded checkpoints: "
                 "save_distributed_checkpoint=False (one gathered file) is not supported; "
-                "export full weights with statekeeper.export from a saved step instead"
+                "export full weights with statekeeper.conversion.export from a saved step instead"
             )
 
     def lightning_module_state_dict(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ Checked on the training loaders once Lightning has made them (``on_train_start``
   numbers its ``__getitem__`` draws (augmentation) are not saved, so a run resumed
   mid-epoch augments the same samples otherwise (a resume from an epoch's end is exact:
   the workers are seeded anew, as in the saving run). The fix is one line:
-  ``StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)`` (in a multi-process
+  ``StatefulDataLoader(statekeeper.data.WorkerRNGDataset(dataset), ...)`` (in a multi-process
   run each rank's own is saved and restored: :mod:`.lightning_ranks`);
 - in a multi-process run, a shuffling ``StatefulDataLoader`` that Lightning wraps in its
   ``DistributedSamplerWrapper``, which draws each epoch's order from the global RNG as the
@@ -67,7 +67,7 @@ def warn_inexact(trainer: Any) -> None:
                 "per-worker state: random numbers drawn in __getitem__ (augmentation) are not "
                 "saved, and a run resumed mid-epoch augments the same samples otherwise. If "
                 "the dataset draws random numbers, wrap it: "
-                "StatefulDataLoader(statekeeper.WorkerRNGDataset(dataset), ...)"
+                "StatefulDataLoader(statekeeper.data.WorkerRNGDataset(dataset), ...)"
             )
         if ranks > 1 and _shuffling_wrapper(loader):
             _warn(

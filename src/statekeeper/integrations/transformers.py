@@ -64,7 +64,7 @@ class StatekeeperTrainerMixin(CheckpointSaving, CheckpointLoading):
     ``checkpoint-N`` folders; default ``KeepLatest(args.save_total_limit)``, or keep all.
     ``extra_state`` (keyword, optional): objects of your own with ``state_dict()`` and
     ``load_state_dict()`` by name (``{"ema": ema}``), saved in every step (rank 0's; wrap
-    one that differs between ranks in ``statekeeper.PerRank``) and restored in place on
+    one that differs between ranks in ``statekeeper.distributed.PerRank``) and restored in place on
     resume, before training continues.
     """
 

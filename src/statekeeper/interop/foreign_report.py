@@ -1,4 +1,4 @@
-"""What :func:`statekeeper.inspect` returns for a foreign checkpoint: :class:`ForeignReport`
+"""What :func:`statekeeper.audit.inspect` returns for a foreign checkpoint: :class:`ForeignReport`
 (torch-free, so that naming the type never imports the foreign readers).
 
 Its tensor and value rows are the ones a statekeeper step's report has

@@ -1,7 +1,7 @@
 """A module's plain attributes: what it holds besides parameters, buffers and submodules.
 
 Shared by the doctor (SK004 and friends look for tensors held there) and by
-:func:`statekeeper.clear_state` (which frees them).
+:func:`statekeeper.clearing.clear_state` (which frees them).
 """
 
 from __future__ import annotations

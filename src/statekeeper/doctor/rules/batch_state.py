@@ -63,6 +63,7 @@ class BatchState(FreshModelRule, id="SK005", severity=Severity.ERROR, needs=RUNS
                 "persistent=False)) and reset it explicitly, or pass it in as an argument and "
                 "return it; or declare it on the class, "
                 f"`statekeeper_batch_state = ('{name}',)`, and reset it with "
-                "statekeeper.clear_state(model, include=statekeeper.ClearInclude.BATCH_STATE)",
+                "statekeeper.clearing.clear_state(model, "
+                "include=statekeeper.clearing.ClearInclude.BATCH_STATE)",
                 tensor=name, shape=tuple(new.shape), bytes=nbytes(new), module=path,
             )  # fmt: skip

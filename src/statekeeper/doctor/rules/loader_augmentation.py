@@ -4,7 +4,7 @@ Seen by running the dataset's own code: item 0 is fetched twice (the caller's RN
 kept) and compared. Different values mean ``__getitem__`` draws random numbers. With
 ``num_workers > 0`` those come from worker generators seeded once per epoch, which a resumed
 epoch cannot put back (and its batches go to other workers), unless the dataset is a
-``statekeeper.SeededDataset``, which seeds every item from (seed, epoch, index).
+``statekeeper.data.SeededDataset``, which seeds every item from (seed, epoch, index).
 """
 
 from __future__ import annotations
@@ -49,6 +49,6 @@ class LoaderAugmentation(DoctorRule, id="SK012", severity=Severity.ERROR, needs=
                     f"{type(dataset).__name__}.__getitem__ returns different values for the same "
                     f"index and runs in {loader.num_workers} worker(s): a resumed epoch "
                     "augments its samples differently",
-                    "wrap the dataset: statekeeper.SeededDataset(dataset, seed=...) with a "
-                    "statekeeper.ResumableSampler",
+                    "wrap the dataset: statekeeper.data.SeededDataset(dataset, seed=...) with a "
+                    "statekeeper.data.ResumableSampler",
                 )  # fmt: skip

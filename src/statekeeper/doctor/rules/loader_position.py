@@ -34,7 +34,7 @@ class LoaderPosition(DoctorRule, id="SK010", severity=Severity.ERROR, needs=NOTH
                         "iterator keeps no state: a restore draws a different permutation",
                         "use shuffle=True with generator=torch.Generator().manual_seed(...), "
                         "torchdata's stateful_dataloader.sampler.RandomSampler, or "
-                        "statekeeper.ResumableSampler",
+                        "statekeeper.data.ResumableSampler",
                     )  # fmt: skip
             elif obj is loader:
                 resumable = isinstance(sampler, ResumableSampler)
@@ -43,6 +43,6 @@ class LoaderPosition(DoctorRule, id="SK010", severity=Severity.ERROR, needs=NOTH
                     "a plain DataLoader has no state: a resumed run starts its epoch over"
                     + (" (its ResumableSampler runs ahead of the loop by the prefetched batches)"
                        if resumable else ""),
-                    "wrap it: statekeeper.ResumableLoader(DataLoader(..., "
-                    "sampler=statekeeper.ResumableSampler(dataset, seed=...)))",
+                    "wrap it: statekeeper.data.ResumableLoader(DataLoader(..., "
+                    "sampler=statekeeper.data.ResumableSampler(dataset, seed=...)))",
                 )  # fmt: skip

@@ -89,7 +89,8 @@ class TransientTensors(FreshModelRule, id="SK004", severity=Severity.WARNING, ne
                 "to None after use; if it is a real cache, "
                 f"register_buffer('{h.attr}', ..., persistent=False); or declare it on the "
                 f"class, `statekeeper_transient = ('{h.attr}',)`, and call "
-                "statekeeper.clear_state(model) before saving or exporting the whole module",
+                "statekeeper.clearing.clear_state(model) before saving or exporting the whole "
+                "module",
                 tensor=h.attr, shape=h.shape, bytes=h.bytes, module=h.path,
             )  # fmt: skip
 

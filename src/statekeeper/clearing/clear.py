@@ -27,7 +27,7 @@ tied weights' ``emb.weight.t()``), a container that also holds other values, and
 emptied in place (``set_()``: zero elements, same dtype and device), so a reference held
 elsewhere is the same object and now sees an empty tensor. Made by the module: its
 autograd graph reaches the module's own parameters, or the class declares the attribute
-``statekeeper_owned`` (:mod:`statekeeper.state.clear_owner`). Any other tensor is dropped
+``statekeeper_owned`` (:mod:`statekeeper.clearing.owner`). Any other tensor is dropped
 by reference, never emptied: the caller's input an identity-like module caches, another
 module's output, a view, a tensor sharing storage. Then the attribute is set back to what
 ``__init__`` left (with ``like=``; deleted when it left none), else to ``None`` (a tensor or
@@ -40,7 +40,7 @@ dimension alone moved from a non-empty ``__init__`` value; to the fresh instance
 else zeros. No other buffer and no
 parameter is ever touched.
 
-**Modules that know better** clear themselves (:mod:`statekeeper.state.clear_rules`).
+**Modules that know better** clear themselves (:mod:`statekeeper.clearing.rules`).
 Each module is cleared once per call, also when a rule clears its children with
 ``clear_state``; every declaration is checked before anything changes.
 """
@@ -53,16 +53,15 @@ from typing import Any, TypeVar
 
 import torch
 
-from statekeeper.errors import InvalidArgumentError, StatekeeperError
-from statekeeper.state.clear_options import (
+from statekeeper.clearing.options import (
     ClearAction,
     Cleared,
     ClearInclude,
     ClearMode,
     ClearReport,
 )
-from statekeeper.state.clear_owner import Guard, guard_of
-from statekeeper.state.clear_plan import (
+from statekeeper.clearing.owner import Guard, guard_of
+from statekeeper.clearing.plan import (
     Step,
     attribute_steps,
     buffer_steps,
@@ -70,8 +69,9 @@ from statekeeper.state.clear_plan import (
     floating_dtype,
     nbytes,
 )
-from statekeeper.state.clear_reset import MISSING, Cast, fresh_modules, initial_value, reset
-from statekeeper.state.clear_rules import in_rule, register_clear_rule, rule_for, running_rule
+from statekeeper.clearing.reset import MISSING, Cast, fresh_modules, initial_value, reset
+from statekeeper.clearing.rules import in_rule, register_clear_rule, rule_for, running_rule
+from statekeeper.errors import InvalidArgumentError, StatekeeperError
 
 __all__ = [
     "ClearAction",
@@ -127,7 +127,7 @@ def _run_rule(rule: Any, path: str, sub: torch.nn.Module) -> None:
                 f"clearing {type(sub).__qualname__} at '{path or 'the root'}': its clear rule "
                 f"raised {type(exc).__name__}: {exc}; fix the rule (its "
                 "statekeeper_clear_state/clear_state method, or the one registered with "
-                "statekeeper.register_clear_rule)"
+                "statekeeper.clearing.register_clear_rule)"
             ) from exc
 
 
@@ -205,7 +205,8 @@ def clear_state(
     report: ClearReport | None = None,
 ) -> M:
     """Free ``module``'s transient tensors (the rules are in this module's docstring);
-    returns ``module``, so ``sk.export(sk.clear_state(model), ...)`` reads naturally.
+    returns ``module``, so ``sk.conversion.export(sk.clearing.clear_state(model), ...)`` reads
+    naturally.
 
     ``mode`` (default ``ClearMode.EMPTY``), ``include`` (default
     ``ClearInclude.TRANSIENT``), ``like``: a freshly constructed instance of the model's

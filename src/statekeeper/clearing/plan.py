@@ -1,6 +1,6 @@
 """Planning a ``clear_state`` call: which attributes and buffers of a module are cleared,
 and which of their tensors are emptied in place (the rules are in
-:mod:`statekeeper.state.clearing`)."""
+:mod:`statekeeper.clearing.clear`)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from typing import Any
 
 import torch
 
-from statekeeper.errors import InvalidArgumentError
-from statekeeper.state.attributes import INTERNALS, held_tensors
-from statekeeper.state.clear_options import ClearAction, ClearMode
-from statekeeper.state.clear_owner import Guard, emptiable, is_machinery
-from statekeeper.state.clear_reset import (
+from statekeeper.clearing.options import ClearAction, ClearMode
+from statekeeper.clearing.owner import Guard, emptiable, is_machinery
+from statekeeper.clearing.reset import (
     NO_FRESH,
     changed_since_init,
     derived,
     fresh_value,
     is_batch_state,
 )
+from statekeeper.errors import InvalidArgumentError
+from statekeeper.state.attributes import INTERNALS, held_tensors
 
 __all__ = [
     "DECLARATIONS",

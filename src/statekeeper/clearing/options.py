@@ -1,4 +1,4 @@
-"""The options of :func:`statekeeper.clear_state` and the report of what it cleared."""
+"""The options of :func:`statekeeper.clearing.clear_state` and the report of what it cleared."""
 
 from __future__ import annotations
 

@@ -227,14 +227,15 @@ def test_readme_error_list_matches_the_classes() -> None:
     listed = dict(re.findall(r"`(\w+)\(([\w, ]+)\)`", text[start : text.index("\n## ", start)]))
     errors = {
         name
-        for name in sk.__all__
-        if isinstance(getattr(sk, name), type) and issubclass(getattr(sk, name), BaseException)
+        for name in sk.errors.__all__
+        if isinstance(getattr(sk.errors, name), type)
+        and issubclass(getattr(sk.errors, name), BaseException)
     }
     errors -= {"StatekeeperError", "CheckpointUnreadableError", "StateMismatchError"}
     errors -= {"LocationError", "InjectedFailure"}  # the kinds; a test helper's failure
     assert sorted(errors - listed.keys()) == [], "public errors the README does not list"
     for name, bases in listed.items():
-        cls = getattr(sk, name)
+        cls = getattr(sk.errors, name)
         for base in bases.split(", "):
-            parent = getattr(sk, base, None) or getattr(builtins, base)
+            parent = getattr(sk.errors, base, None) or getattr(builtins, base)
             assert issubclass(cls, parent), f"README: {name} is no {base}"

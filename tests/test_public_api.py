@@ -39,11 +39,11 @@ NAMESPACES = {
         "UnsupportedFormatError", "UnsafePickleError", "KeyMismatchError", "LoadStateError",
         "UnsupportedValueError", "StepNotFoundError", "StepExistsError", "WriterConflictError",
         "StorageError", "MirrorError", "InvalidArgumentError", "InvalidArgumentTypeError",
-        "RankFailure",
+        "RankFailure", "OutputExistsError",
     },
     "training": {
         "SavePolicy", "Retention", "Origin", "OptimizerChange", "MirrorStatus",
-        "RetentionStatus", "PendingRemoval", "Progress",
+        "RetentionStatus", "PendingRemoval", "Progress", "PendingSave",
     },
     "audit": {
         "inspect", "verify", "list_partial", "remove_partial", "InspectReport", "StepVerifyReport",
@@ -202,7 +202,7 @@ def test_type_checkers_see_every_root_and_namespace_name(tmp_path: Path) -> None
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import statekeeper as sk\n"
-        "sk.clearing.clear_state\n"  # moved to sk.clearing
+        "sk.clear_state\n"  # moved to sk.clearing
         "sk.save('run', {}, stepp=1)\n"  # no such keyword
         "sk.clearing.clear_stat\n"
     )

@@ -17,7 +17,7 @@ from statekeeper.testing import assert_state_equal
 
 def _round_trip(source: Path, out: Path, **options: Any) -> dict[str, Any]:
     result = sk.conversion.convert(source, out, **options)
-    assert result.kind == "statekeeper" and result.step == options.get("step", 0)
+    assert result.kind == "statekeeper" and result.step == options.get("out_step", 0)
     assert Path(result.path).name == f"step_{result.step:09d}"
     return sk.read(out)
 
@@ -26,7 +26,7 @@ def test_torch_file_to_statekeeper(tmp_path: Path) -> None:
     model, opt = formats.trained()
     state = {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": 2}
     path = formats.torch_file(tmp_path / "a.pt", state)
-    assert_state_equal(_round_trip(path, tmp_path / "run", step=5), state)
+    assert_state_equal(_round_trip(path, tmp_path / "run", out_step=5), state)
     live = formats.Net()  # loads straight into a live module
     sk.load(tmp_path / "run", {"model": live}, strict=sk.Strict.ALLOW_UNEXPECTED)
     assert_state_equal(live.state_dict(), state["model"])

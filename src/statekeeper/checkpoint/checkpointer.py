@@ -211,6 +211,21 @@ class Checkpointer:
         the step is loaded from the local tier when it holds it, else from the mirror. The
         step loaded is then kept by retention, as the step :meth:`restore_latest` resumed
         from is.
+
+        Args:
+            state: The live objects, by the names they were saved under.
+            step: The step to load; ``None`` loads the newest committed step.
+            strict: :class:`Strict`, as for :func:`load`.
+            on_optimizer_change: :class:`OptimizerChange`, as for :func:`load`.
+
+        Returns:
+            The :class:`RestoreInfo` of the step loaded (also kept as :attr:`last_restore`).
+
+        Raises:
+            StepNotFoundError: No such committed step (or none at all).
+            CorruptCheckpointError: The step is damaged; nothing was loaded.
+            KeyMismatchError: The step and ``state`` disagree under ``strict``.
+            InvalidArgumentError: An invalid ``step`` or option.
         """
         self._check_open()
         check_assignable(state)

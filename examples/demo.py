@@ -35,6 +35,7 @@ from statekeeper.testing import first_difference
 
 ROOT = Path(__file__).resolve().parents[1] / "demo-run"
 STEPS, KILL_AT = 300, 140
+RUNS = ("uninterrupted", "uninterrupted-final", "resumed", "resumed-final")
 console = Console(stderr=False)
 
 
@@ -104,7 +105,8 @@ def spawn(phase: str, run: str, hash_seed: int) -> int:
 
 
 def main() -> int:
-    shutil.rmtree(ROOT, ignore_errors=True)
+    for run in RUNS:  # only this demo's own runs: other examples keep theirs under ROOT
+        shutil.rmtree(ROOT / run, ignore_errors=True)
     console.print(
         f"Three processes train one model for {STEPS} steps; the second is killed with "
         f"SIGKILL at step {KILL_AT}, and a third resumes it from its newest checkpoint."

@@ -105,7 +105,7 @@ def test_the_environment_sets_the_level_for_a_job(
 def test_a_wrong_level_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(sk.errors.InvalidArgumentError, match=r"statekeeper\.Origin"):
+    with pytest.raises(sk.errors.InvalidArgumentError, match=r"statekeeper\.training\.Origin"):
         sk.save(tmp_path, {"w": torch.ones(1)}, step=1, origin="minimal")
     monkeypatch.setenv("STATEKEEPER_ORIGIN", "secret")
     with pytest.raises(

@@ -184,7 +184,7 @@ def _foreign(tmp_path: Path) -> Path:
     [
         ("statekeeper.checkpoint.reader.unflatten", _run, sk.read),
         ("statekeeper.format.manifest._tensor_records", _run, sk.read),
-        ("statekeeper.checkpoint.verify.decode_value", _run, sk.audit.verify),
+        ("statekeeper.catalog.verify_step.decode_value", _run, sk.audit.verify),
         ("statekeeper.interop.safetensors_files.parse", _foreign, sk.read),
         (
             "statekeeper.averaging.shards.parse",

@@ -1,10 +1,12 @@
 """The layer contract: every import inside the package points down the layer map (never up,
 never sideways, not even inside a function), and no two modules import each other.
 
-    errors, progress, extensions  <  {storage, arguments}  <  format  <  state  <
-    {checkpoint, clearing}  <  distributed  <  {averaging, interop, data}  <
-    {doctor, integrations, audit, training, conversion}  <  testing  <  cli  <  __main__
+    errors, progress, extensions  <  {storage, arguments}  <  format  <  catalog  <  state  <
+    incremental  <  {checkpoint, clearing}  <  {loop, distributed}  <
+    {averaging, interop, data}  <  {doctor, integrations, audit, training, conversion}  <
+    testing  <  cli  <  __main__
 
+``catalog`` reads what a checkpoint holds without torch (``test_the_catalog_needs_no_torch``).
 ``audit``, ``training`` and ``conversion`` are namespaces of the public API (``sk.audit``, ...)
 that re-export lower layers; nothing in the package imports them.
 
@@ -30,22 +32,25 @@ LAYERS: dict[str, int] = {
     "storage": 1,
     "arguments": 1,
     "format": 2,
-    "state": 3,
-    "stateful": 3,
-    "checkpoint": 4,
-    "clearing": 4,  # clear_state: over state only, beside the checkpoint pipeline
-    "distributed": 5,
-    "averaging": 6,
-    "interop": 6,
-    "data": 6,
-    "doctor": 7,
-    "integrations": 7,
-    "audit": 7,  # the sk.audit namespace: checkpoint and interop re-exported
-    "training": 7,  # the sk.training namespace
-    "conversion": 7,  # the sk.conversion namespace
-    "testing": 8,
-    "cli": 9,
-    "__main__": 10,  # `python -m statekeeper`: the command line, above cli
+    "catalog": 3,  # reading what a checkpoint holds without torch: see TORCH_FREE
+    "state": 4,
+    "stateful": 4,
+    "incremental": 5,  # reusing an earlier step's files: under the pipeline that asks
+    "checkpoint": 6,
+    "clearing": 6,  # clear_state: over state only, beside the checkpoint pipeline
+    "loop": 7,  # the Checkpointer and its mirror, over the pipeline
+    "distributed": 7,  # the job-wide pipeline, beside the loop (neither imports the other)
+    "averaging": 8,
+    "interop": 8,
+    "data": 8,
+    "doctor": 9,
+    "integrations": 9,
+    "audit": 9,  # the sk.audit namespace: catalog and interop re-exported
+    "training": 9,  # the sk.training namespace
+    "conversion": 9,  # the sk.conversion namespace
+    "testing": 10,
+    "cli": 11,
+    "__main__": 12,  # `python -m statekeeper`: the command line, above cli
 }
 CORE = {name for name, layer in LAYERS.items() if layer <= LAYERS["checkpoint"]}
 
@@ -164,7 +169,7 @@ def test_imports_point_down_the_layer_map() -> None:
 
 
 def test_the_core_never_imports_the_layers_above_it() -> None:
-    above = {"distributed", "interop", "doctor", "testing", "cli", "data", "averaging"}
+    above = {"loop", "distributed", "interop", "doctor", "testing", "cli", "data", "averaging"}
     offenders = [
         f"{m} imports {t}"
         for m, imports in GRAPH.items()
@@ -220,3 +225,56 @@ def test_dynamic_and_relative_imports_are_seen(tmp_path: Path) -> None:
         "statekeeper.data.loader",
         "<dynamic>",
     } <= seen
+
+
+HEAVY = ("torch", "numpy", "safetensors")  # what reading a checkpoint's records must not need
+
+
+def heavy_imports(source: str, *, anywhere: bool) -> list[int]:
+    """The lines of ``source`` that import torch, numpy or safetensors: at module level, or
+    ``anywhere`` (inside functions too)."""
+    tree = ast.parse(source)
+    nodes = ast.walk(tree) if anywhere else iter(tree.body)
+    lines = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n.split(".")[0] in HEAVY for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def _closure(roots: set[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module not in seen and module in GRAPH:
+            seen.add(module)
+            todo.extend(GRAPH[module])
+    return seen
+
+
+def test_the_catalog_needs_no_torch() -> None:
+    """``statekeeper ls``/``inspect``/``verify`` start without torch: no catalog module imports
+    it (not even in a function), and nothing the catalog imports does so at module level
+    (``format`` imports torch inside the functions that build tensors only)."""
+    paths = dict(_modules())
+    catalog = {m for m in GRAPH if m.split(".")[1:2] == ["catalog"]}
+    assert len(catalog) > 10  # the package, not a typo in its name
+    offenders = [
+        f"{m}:{line}"
+        for m in sorted(_closure(catalog))
+        for line in heavy_imports(paths[m].read_text(), anywhere=m in catalog)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_torch_check_sees_imports() -> None:
+    source = "import os\nimport torch.nn\n\ndef f():\n    from numpy import zeros\n"
+    assert heavy_imports(source, anywhere=False) == [2]
+    assert heavy_imports(source, anywhere=True) == [2, 5]

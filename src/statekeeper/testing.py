@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from statekeeper.checkpoint.checkpointer import RNG_ENTRY, Checkpointer
-from statekeeper.checkpoint.location import locate
+from statekeeper.catalog.location import locate
 from statekeeper.checkpoint.policies import EverySteps
 from statekeeper.checkpoint.reader import read_step
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.loop.checkpointer import RNG_ENTRY, Checkpointer
 from statekeeper.state.compare import BITWISE, state_difference
 from statekeeper.state.rng import Generator, RNGState
 

@@ -5,13 +5,13 @@ live status it reports, and the ``PendingSave`` a background save returns. The c
 Loaded on first use; see docs/training.md.
 """
 
-from statekeeper.checkpoint.mirror import MirrorStatus as MirrorStatus
 from statekeeper.checkpoint.origin_level import Origin as Origin
 from statekeeper.checkpoint.pending import PendingSave as PendingSave
 from statekeeper.checkpoint.policies import Retention as Retention
 from statekeeper.checkpoint.policies import SavePolicy as SavePolicy
-from statekeeper.checkpoint.retention import PendingRemoval as PendingRemoval
-from statekeeper.checkpoint.retention import RetentionStatus as RetentionStatus
+from statekeeper.loop.mirror.config import MirrorStatus as MirrorStatus
+from statekeeper.loop.retention import PendingRemoval as PendingRemoval
+from statekeeper.loop.retention import RetentionStatus as RetentionStatus
 from statekeeper.progress import Progress as Progress
 from statekeeper.state.optimizer import OptimizerChange as OptimizerChange
 

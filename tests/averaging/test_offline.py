@@ -227,7 +227,7 @@ def test_existing_output_step_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["flipped", "truncated"])
 def test_damaged_shard_is_reported_before_anything_is_written(tmp_path: Path, damage: str) -> None:
-    """Shards are verified as every read verifies a step's files (checkpoint/verifier.py):
+    """Shards are verified as every read verifies a step's files (catalog/verifier.py):
     the same checks, the same messages."""
     runs = _runs(tmp_path)
     (shard,) = (runs[1] / "step_000000020").glob("*.safetensors")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import statekeeper as sk
-from statekeeper.checkpoint import checkpointer as checkpointer_module
+from statekeeper.loop import checkpointer as checkpointer_module
 from statekeeper.storage.memory import MemoryStorage
 
 

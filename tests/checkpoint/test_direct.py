@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 import statekeeper as sk
+from statekeeper.catalog.location import locate
 from statekeeper.checkpoint import direct
 from statekeeper.checkpoint.direct import _Staging, copy_pairs, direct_pairs
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.location import locate
 from statekeeper.checkpoint.reader import PendingStep
 
 

@@ -13,8 +13,8 @@ import torch
 from tests.conftest import lora_state, lora_step
 
 import statekeeper as sk
-from statekeeper.checkpoint import incremental
 from statekeeper.checkpoint import save as one_off
+from statekeeper.incremental import reuse as incremental
 from statekeeper.storage import files as storage_files
 
 

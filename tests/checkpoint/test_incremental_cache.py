@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 
-from statekeeper.checkpoint.incremental import IncrementalCache
+from statekeeper.incremental.reuse import IncrementalCache
 
 
 def test_a_forked_child_starts_with_an_empty_cache_even_if_a_thread_held_it() -> None:

@@ -17,7 +17,7 @@ import torch
 from tests.helpers.no_torch import REFUSE_TORCH
 
 import statekeeper as sk
-from statekeeper.checkpoint.inspection import (
+from statekeeper.catalog.inspection import (
     UNREFERENCED,
     EntryReport,
     InspectReport,
@@ -26,19 +26,18 @@ from statekeeper.checkpoint.inspection import (
     ValueRow,
     inspect_step,
 )
-from statekeeper.checkpoint.verification import (
+from statekeeper.catalog.verification import (
     StepVerifyReport,
     VerifyReport,
     step_locations,
-    verify_steps,
 )
+from statekeeper.catalog.verify import verify
 from statekeeper.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     StepNotFoundError,
 )
 from statekeeper.interop.inspection import inspect
-from statekeeper.interop.verification import verify
 from statekeeper.storage.memory import MemoryStorage
 
 
@@ -216,7 +215,7 @@ def test_verify_raises_when_there_is_nothing_to_verify(run: Path, tmp_path: Path
         verify(tmp_path / "nope")
     (tmp_path / "file").write_text("x")
     with pytest.raises(StepNotFoundError, match=r"is a file|is not a directory"):
-        verify_steps(tmp_path / "file")
+        step_locations(tmp_path / "file")
     (tmp_path / "empty" / "step_000000003.partial-abc").mkdir(parents=True)
     with pytest.raises(StepNotFoundError, match="holds no committed checkpoint"):
         verify(tmp_path / "empty")
@@ -248,7 +247,7 @@ CHILD = (
     REFUSE_TORCH
     + r"""
 from statekeeper.interop.inspection import inspect
-from statekeeper.interop.verification import verify
+from statekeeper.catalog.verify import verify
 
 report = inspect(sys.argv[1])
 assert report.step == 2 and report.totals.tensors == 4, report

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import statekeeper as sk
-import statekeeper.checkpoint.verifier as verifier
+import statekeeper.catalog.verifier as verifier
 import statekeeper.checkpoint.writer as writer
 import statekeeper.storage.durable as durable
 from statekeeper.format.manifest import TensorRecord, _compact, _tensor_lines

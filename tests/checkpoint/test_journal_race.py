@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import statekeeper as sk
-from statekeeper.checkpoint import journal as journal_module
+from statekeeper.catalog import journal as journal_module
 
 
 def test_a_step_submitted_while_the_thread_writes_the_journal_stays_in_it(

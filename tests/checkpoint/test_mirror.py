@@ -19,7 +19,7 @@ from tests.helpers import launcher
 from tests.helpers.s3 import S3Server
 
 import statekeeper as sk
-from statekeeper.checkpoint import uploader as mirror_module
+from statekeeper.loop.mirror import uploader as mirror_module
 from statekeeper.storage import fsspec as fsspec_storage
 
 

@@ -210,7 +210,7 @@ def test_close_with_a_hung_mirror_returns_and_the_next_process_uploads_the_step(
 def test_close_waits_at_most_close_timeout_and_names_what_is_left(
     tmp_path: Path, s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from statekeeper.checkpoint import uploader
+    from statekeeper.loop.mirror import uploader
 
     release = threading.Event()
     # (typing) an internal function the test drives or wraps

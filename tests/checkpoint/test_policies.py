@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import statekeeper as sk
-from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.catalog.info import CheckpointInfo
 
 
 def _infos(metrics: dict[int, float | None]) -> list[CheckpointInfo]:
@@ -92,7 +92,7 @@ def test_policies_are_frozen() -> None:
 
 
 def test_keep_best_ranks_integers_too_large_for_a_float() -> None:
-    from statekeeper.checkpoint.info import CheckpointInfo
+    from statekeeper.catalog.info import CheckpointInfo
 
     def info(step: int, loss: object) -> CheckpointInfo:
         # (typing) metrics as a CheckpointInfo read back holds them

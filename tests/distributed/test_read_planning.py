@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import statekeeper as sk
-from statekeeper.checkpoint.location import locate
-from statekeeper.checkpoint.manifests import read_manifest
+from statekeeper.catalog.location import locate
+from statekeeper.catalog.manifests import read_manifest
 from statekeeper.distributed.files import VerifiedFiles
 from statekeeper.format.sharding import Chunk, ShardedRecord
 

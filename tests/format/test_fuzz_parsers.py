@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from tests.helpers.hostile import ENTRY, MANIFEST, SHARD, reseal, saved_run
 
 import statekeeper as sk
-from statekeeper.checkpoint.location import locate
-from statekeeper.checkpoint.naming import parse_entry
-from statekeeper.checkpoint.verify import verify_step
+from statekeeper.catalog.location import locate
+from statekeeper.catalog.naming import parse_entry
+from statekeeper.catalog.verify_step import verify_step
 from statekeeper.format.manifest import Manifest
 from statekeeper.format.safetensors_io import parse
 from statekeeper.storage.files import name_problem

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from statekeeper.checkpoint.naming import step_entry
+from statekeeper.catalog.naming import step_entry
 from statekeeper.checkpoint.writer import write_step
 from statekeeper.storage.local import LocalStorage
 

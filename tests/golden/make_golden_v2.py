@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from statekeeper.checkpoint.naming import step_entry
+from statekeeper.catalog.naming import step_entry
 from statekeeper.checkpoint.writer import write_shard
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRecord
 from statekeeper.format.sharding import Chunk, ShardedRecord, Sharding

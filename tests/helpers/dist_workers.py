@@ -24,8 +24,8 @@ from torch.distributed.tensor import DTensor
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import statekeeper as sk
-from statekeeper.checkpoint import checkpointer as checkpointer_module
 from statekeeper.distributed.group import checkpoint_group
+from statekeeper.loop import checkpointer as checkpointer_module
 
 STEPS_BEFORE = 3
 STEPS_AFTER = 3

@@ -11,11 +11,11 @@ import torch
 from tests.interop import formats
 
 import statekeeper as sk
+from statekeeper.catalog.verify import verify, verify_targets
 from statekeeper.errors import InvalidArgumentError, UnsafePickleError
 from statekeeper.interop import inspection
 from statekeeper.interop.foreign_report import ForeignReport
 from statekeeper.interop.inspection import inspect
-from statekeeper.interop.verification import verify, verify_targets
 
 
 def test_inspect_of_a_torch_file_is_a_foreign_report_with_ties_and_values(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import torch
 from tests.interop import formats
 
 import statekeeper as sk
-from statekeeper.interop.detect import Format, detect
+from statekeeper.catalog.detect import Format, detect
 from statekeeper.testing import assert_state_equal
 
 

@@ -10,7 +10,7 @@ import torch
 
 import statekeeper as sk
 from statekeeper.averaging.offline import average_checkpoints
-from statekeeper.checkpoint.location import locate
+from statekeeper.catalog.location import locate
 from statekeeper.storage.base import Capabilities, Storage, capabilities_of
 from statekeeper.storage.fsspec import FsspecStorage
 from statekeeper.storage.local import LocalStorage

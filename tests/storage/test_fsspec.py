@@ -12,7 +12,7 @@ import torch
 from tests.conftest import trained
 
 import statekeeper as sk
-from statekeeper.checkpoint.location import resolve_storage
+from statekeeper.catalog.location import resolve_storage
 from statekeeper.cli.main import main as cli
 from statekeeper.storage.fsspec import INCOMPLETE
 from statekeeper.testing import assert_state_equal

@@ -23,14 +23,14 @@ import torch
 from statekeeper.arguments import require_bool, require_callable, require_step
 from statekeeper.averaging.plan import Input, mismatches, plan_inputs
 from statekeeper.averaging.shards import Shards, file_of
-from statekeeper.checkpoint.incremental import Incremental
-from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.checkpoint.reader import alias_tensor
 from statekeeper.checkpoint.save import save
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError, OutputExistsError
 from statekeeper.format.dtypes import dtype_from_name
 from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST
+from statekeeper.incremental.reuse import Incremental
 from statekeeper.progress import Progress
 from statekeeper.state.tree import unflatten
 

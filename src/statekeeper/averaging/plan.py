@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from statekeeper.checkpoint.location import Location, locate
+from statekeeper.catalog.location import Location, locate
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import Alias

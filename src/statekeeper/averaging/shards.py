@@ -6,10 +6,10 @@ from typing import NamedTuple
 
 import torch
 
-from statekeeper.checkpoint.location import Location
+from statekeeper.catalog.location import Location
+from statekeeper.catalog.verifier import VerifiedReads
+from statekeeper.catalog.verify_step import check_records, file_header
 from statekeeper.checkpoint.reader import sharded_tensor
-from statekeeper.checkpoint.verifier import VerifiedReads
-from statekeeper.checkpoint.verify import check_records, file_header
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
 from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST, Manifest
@@ -39,7 +39,7 @@ class _Shard(NamedTuple):
 class Shards:
     """Tensors of one checkpoint, one at a time; a shard is verified before its first use.
 
-    A shard is read as every file of a step is (:mod:`statekeeper.checkpoint.verifier`):
+    A shard is read as every file of a step is (:mod:`statekeeper.catalog.verifier`):
     a regular file, never through a link, its size compared with the manifest's before a
     byte is read, its checksum verified the first time it is opened, then parsed (tensors
     are views of the storage's map). Only storages whose reads are local maps

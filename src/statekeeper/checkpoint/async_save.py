@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.pending import Outcome, PendingSave
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from statekeeper import extensions
+from statekeeper.catalog.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
-from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.errors import StatekeeperError

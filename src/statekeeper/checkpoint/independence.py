@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from statekeeper.checkpoint.incremental import Previous, step_files
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.listing import list_checkpoints
-from statekeeper.checkpoint.location import committed
-from statekeeper.checkpoint.naming import ParsedEntry, step_entry
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.listing import list_checkpoints
+from statekeeper.catalog.location import committed
+from statekeeper.catalog.naming import ParsedEntry, step_entry
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.format.values import Json
 from statekeeper.format.values_decode import decode_value
+from statekeeper.incremental.reuse import Previous, step_files
 from statekeeper.storage.base import Storage, identity_of
 
 __all__ = ["CANDIDATES", "link_source"]

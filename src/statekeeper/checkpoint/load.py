@@ -7,12 +7,12 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from statekeeper.arguments import require_callable, require_mapping
+from statekeeper.catalog.info import RestoreInfo
+from statekeeper.catalog.location import Location, PathOrStorage, locate, resolve_storage
 from statekeeper.checkpoint.adapters import Kind, Restoring, adapter_for
 from statekeeper.checkpoint.checks import Strict, entry_problems
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.location import Location, PathOrStorage, locate, resolve_storage
 from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.checkpoint.reader import PendingStep, Progress, read_step
 from statekeeper.checkpoint.scope import Scope, is_distributed

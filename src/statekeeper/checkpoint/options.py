@@ -7,20 +7,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from statekeeper.arguments import require_bool, require_callable, require_instance
+from statekeeper.arguments import require_bool, require_callable
 from statekeeper.checkpoint.checks import Strict
-from statekeeper.checkpoint.incremental import Incremental, IncrementalCache
-from statekeeper.checkpoint.marks import Mark
-from statekeeper.checkpoint.mirror import Mirror
 from statekeeper.checkpoint.origin import library_versions, origin
 from statekeeper.checkpoint.origin_level import Origin, origin_level
-from statekeeper.checkpoint.policies import Retention, SavePolicy
+from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
+from statekeeper.incremental.marks import Mark
+from statekeeper.incremental.reuse import Incremental, IncrementalCache
 from statekeeper.progress import Progress
 from statekeeper.state.optimizer import OptimizerChange
 
-__all__ = ["Provenance", "RestoreOptions", "SaveOptions", "check_checkpointer_options"]
+__all__ = ["Provenance", "RestoreOptions", "SaveOptions"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class SaveOptions:
     - ``provenance``: the manifest's creation time and library versions; ``None`` takes
       :meth:`Provenance.now` when the manifest is written (golden-file tests pin it);
     - ``incremental``: whether shards identical to files of the previous step are reused
-      (:class:`~statekeeper.checkpoint.incremental.Incremental`);
+      (:class:`~statekeeper.incremental.reuse.Incremental`);
     - ``marks``: the frozen parameters' version marks, taken in the caller (an incremental
       save skips checksumming a frozen shard whose tensors did not move);
     - ``steady``: tensor names found unchanged since the previous save, stored in shards of
@@ -66,7 +65,7 @@ class SaveOptions:
     - ``retention``: the policy applied after the save (None: every step stays); an
       incremental save links only where a step that stays keeps an independent copy.
     - ``cache``: what incremental saves remember between saves
-      (:class:`~statekeeper.checkpoint.incremental.IncrementalCache`), owned by the maker of
+      (:class:`~statekeeper.incremental.reuse.IncrementalCache`), owned by the maker of
       these options: a ``Checkpointer`` keeps one for its saves (``replace`` keeps it); a
       new ``SaveOptions`` gets a new, empty one.
     """
@@ -127,21 +126,3 @@ class RestoreOptions:
                 f"{self.on_optimizer_change!r}"
             )
         require_callable("progress", self.progress, "progress(done, total)")
-
-
-_CHECKPOINTER_OPTIONS = (  # Checkpointer(name=...): what it takes, named as the fix
-    ("keep", Retention, "a retention policy such as KeepLatest(3)"),
-    ("every", SavePolicy, "a save policy such as EverySteps(100)"),
-    ("mirror", Mirror, "a statekeeper.Mirror('s3://bucket/run', ...)"),
-)
-
-
-def check_checkpointer_options(
-    keep: object, every: object, mirror: object, blocking: object
-) -> None:
-    """``InvalidArgumentTypeError`` naming the ``Checkpointer`` argument of the wrong type
-    and what it takes."""
-    for (name, kind, what), value in zip(_CHECKPOINTER_OPTIONS, (keep, every, mirror), strict=True):
-        if value is not None:
-            require_instance(name, value, kind, what)
-    require_bool("blocking", blocking)

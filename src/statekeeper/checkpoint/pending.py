@@ -22,7 +22,7 @@ import warnings
 from types import TracebackType
 from typing import Protocol
 
-from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.errors import StatekeeperWarning
 
 __all__ = ["Outcome", "PendingSave"]

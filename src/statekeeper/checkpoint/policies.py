@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Generic, TypeVar
 
-from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.checkpoint.signals import signal_of
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 

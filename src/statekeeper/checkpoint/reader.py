@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.manifests import read_manifest
+from statekeeper.catalog.location import Location
+from statekeeper.catalog.manifests import read_manifest
+from statekeeper.catalog.verifier import Progress, Verifier
+from statekeeper.catalog.verify_step import check_records, file_header, tensors_by_file
 from statekeeper.checkpoint.origin import warn_if_other_torch
-from statekeeper.checkpoint.verifier import Progress, Verifier
-from statekeeper.checkpoint.verify import check_records, file_header, tensors_by_file
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.aliases import Alias, rebuild_alias
 from statekeeper.format.checksum import Buffer

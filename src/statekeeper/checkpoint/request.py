@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from statekeeper.arguments import require_callable, require_instance, require_mapping
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import validate_step
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.location import validate_step
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.writer import METRICS
 

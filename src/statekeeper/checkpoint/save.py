@@ -15,22 +15,22 @@ from dataclasses import replace
 from typing import Any, Literal, TypedDict, Unpack, overload
 
 from statekeeper.arguments import require_bool, require_mapping
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.location import PathOrStorage, resolve_storage, validate_step
+from statekeeper.catalog.paths import writer_lock
 from statekeeper.checkpoint.adapters import Adapter, Capturing, Kind, adapter_for
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.incremental import Incremental, IncrementalCache
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import PathOrStorage, resolve_storage, validate_step
-from statekeeper.checkpoint.marks import frozen_marks, steady_names
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
-from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.writer import METRICS, Prepared, commit, prepare
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
+from statekeeper.incremental.marks import frozen_marks, steady_names
+from statekeeper.incremental.reuse import Incremental, IncrementalCache
 from statekeeper.progress import Progress
 from statekeeper.state.modules import unwrap
 from statekeeper.state.rng import RNGState

@@ -12,12 +12,11 @@ import numpy as np
 import torch
 
 from statekeeper.arguments import require_mapping
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.location import committed, validate_step
+from statekeeper.catalog.naming import step_entry
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.incremental import Incremental, Reuser
 from statekeeper.checkpoint.independence import link_source
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import committed, validate_step
-from statekeeper.checkpoint.naming import step_entry
 from statekeeper.checkpoint.options import Provenance, SaveOptions
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
 from statekeeper.checkpoint.points import Point, reach
@@ -34,6 +33,7 @@ from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest, TensorRe
 from statekeeper.format.safetensors_io import ShardLayout, layout, stream
 from statekeeper.format.tensors import plan_shards
 from statekeeper.format.values import Json, encode_value
+from statekeeper.incremental.reuse import Incremental, Reuser
 from statekeeper.state.tree import flatten
 from statekeeper.storage.base import FileWriter, Storage, Transaction
 

@@ -10,15 +10,15 @@ import torch
 
 from statekeeper.averaging.offline import average_checkpoints, normalize_weights
 from statekeeper.averaging.states import average_states
-from statekeeper.checkpoint.incremental import Incremental
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.location import locate
+from statekeeper.catalog.detect import foreign_format
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.location import locate
 from statekeeper.checkpoint.save import save
 from statekeeper.cli import render
 from statekeeper.cli.command import command, respond
 from statekeeper.cli.options import out_option, out_step_option
 from statekeeper.errors import InvalidArgumentError, StepExistsError
-from statekeeper.interop.detect import foreign_format
+from statekeeper.incremental.reuse import Incremental
 from statekeeper.interop.reading import read
 from statekeeper.progress import Progress
 

@@ -1,6 +1,6 @@
 """``ls`` and ``verify`` of a folder of framework checkpoints (a Lightning ``ModelCheckpoint``
 directory, a transformers ``Trainer`` output directory, an Accelerate project directory):
-parsing and rendering only; the folder is :mod:`statekeeper.interop.frameworks`'s, the
+parsing and rendering only; the folder is :mod:`statekeeper.catalog.frameworks`'s, the
 checks :mod:`statekeeper.interop.framework_verify`'s."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from statekeeper.checkpoint.listing import list_checkpoints, list_partial
+from statekeeper.catalog.detect import Format
+from statekeeper.catalog.frameworks import FrameworkEntry, FrameworkFolder
+from statekeeper.catalog.listing import list_checkpoints, list_partial
 from statekeeper.cli import render
-from statekeeper.interop.detect import Format
 from statekeeper.interop.framework_verify import (
     EntryStatus,
     EntryVerifyReport,
     FrameworkVerifyReport,
     verify_framework,
 )
-from statekeeper.interop.frameworks import FrameworkEntry, FrameworkFolder
 
 __all__ = ["list_framework_folder", "verify_framework_folder"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from statekeeper.checkpoint.inspection import InspectReport
+from statekeeper.catalog.inspection import InspectReport
 from statekeeper.cli import render, render_inspect, render_interop
 from statekeeper.cli.command import command, input_step
 from statekeeper.interop.inspection import inspect as inspect_checkpoint

@@ -8,13 +8,13 @@ from typing import Any
 
 import click
 
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.listing import list_checkpoints, list_partial, list_set_aside
-from statekeeper.checkpoint.naming import EntryKind, ParsedEntry
+from statekeeper.catalog.detect import foreign_format
+from statekeeper.catalog.frameworks import framework_folder
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.listing import list_checkpoints, list_partial, list_set_aside
+from statekeeper.catalog.naming import EntryKind, ParsedEntry
 from statekeeper.cli import render, render_interop
 from statekeeper.format.manifest import MANIFEST
-from statekeeper.interop.detect import foreign_format
-from statekeeper.interop.frameworks import framework_folder
 from statekeeper.storage.urls import is_url
 
 __all__ = ["listing_json", "ls"]

@@ -27,14 +27,14 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.naming import ParsedEntry
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.naming import ParsedEntry
 from statekeeper.cli.render_json import emit_json
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
 from statekeeper.progress import Progress as ProgressCallback
 
 if TYPE_CHECKING:
-    from statekeeper.checkpoint.verification import StepVerifyReport, VerifyReport
+    from statekeeper.catalog.verification import StepVerifyReport, VerifyReport
 
 __all__ = [
     "ByteProgress",

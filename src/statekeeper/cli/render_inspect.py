@@ -20,7 +20,7 @@ from statekeeper.cli.render import human_bytes, metrics_text, stdout_console
 from statekeeper.cli.render_table import Cell, Col, FastTable
 
 if TYPE_CHECKING:
-    from statekeeper.checkpoint.inspection import EntryReport, InspectReport, TensorRow
+    from statekeeper.catalog.inspection import EntryReport, InspectReport, TensorRow
 
 __all__ = ["VALUES_SHOWN", "inspection", "shape_text", "tensor_table", "values_table"]
 

@@ -1,16 +1,16 @@
 """``statekeeper verify``: check every byte of one step or of every step of a run (parsing
-and rendering only; the checks are :mod:`statekeeper.interop.verification`'s)."""
+and rendering only; the checks are :mod:`statekeeper.catalog.verify`'s)."""
 
 from __future__ import annotations
 
 import click
 
-from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.verification import VerifyReport, verify_location
+from statekeeper.catalog.frameworks import framework_folder
+from statekeeper.catalog.location import Location
+from statekeeper.catalog.verification import VerifyReport, verify_location
+from statekeeper.catalog.verify import verify_targets
 from statekeeper.cli import render
 from statekeeper.cli.command import command, input_step, respond
-from statekeeper.interop.frameworks import framework_folder
-from statekeeper.interop.verification import verify_targets
 
 __all__ = ["verify"]
 

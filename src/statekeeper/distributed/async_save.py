@@ -29,9 +29,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
+from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.gc_pause import collector_paused
-from statekeeper.checkpoint.info import CheckpointInfo
 from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.distributed.group import agree, background_group, gather
 from statekeeper.distributed.save import (

@@ -2,7 +2,7 @@
 
 A rank loading a sharded step reads only the files that hold chunks it needs (and its own
 per-rank file); each is checked against the manifest's size and checksum before any of its
-tensors is used (:class:`~statekeeper.checkpoint.verifier.VerifiedReads`).
+tensors is used (:class:`~statekeeper.catalog.verifier.VerifiedReads`).
 
 :meth:`VerifiedFiles.read_part` gives a rank's part of a sharded tensor from the chunks that
 overlap it, planned locally from the manifest (:func:`local_box` says where the part lies):
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from statekeeper.checkpoint.location import Location
+from statekeeper.catalog.location import Location
+from statekeeper.catalog.verifier import VerifiedReads
 from statekeeper.checkpoint.reader import alias_tensor, file_tensors, sharded_tensor
-from statekeeper.checkpoint.verifier import VerifiedReads
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.dtypes import dtype_from_name
 from statekeeper.format.manifest import MANIFEST, Manifest

@@ -27,11 +27,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from statekeeper.catalog.info import RestoreInfo
+from statekeeper.catalog.location import Location, locate
 from statekeeper.checkpoint.adapters import Restoring
 from statekeeper.checkpoint.checks import Strict
-from statekeeper.checkpoint.info import RestoreInfo
 from statekeeper.checkpoint.load import restore_entry, restore_order
-from statekeeper.checkpoint.location import Location, locate
 from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.distributed.dcp_storage import ManifestReader
 from statekeeper.distributed.group import agree, checkpoint_group, from_rank0, gather

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from statekeeper.catalog.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.adapters import STATEFUL, Adapter, Kind, register
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import State, register_collective
-from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
 from statekeeper.checkpoint.options import RestoreOptions
 from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.distributed.per_rank import PerRank

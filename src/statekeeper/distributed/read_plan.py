@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from statekeeper.catalog.location import Location
 from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.direct import copy_pairs
-from statekeeper.checkpoint.location import Location
 from statekeeper.checkpoint.origin import warn_if_other_torch
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.distributed.files import VerifiedFiles, buffer_like, local_box, local_memory

@@ -24,10 +24,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.naming import step_entry
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.naming import step_entry
+from statekeeper.catalog.paths import writer_lock
 from statekeeper.checkpoint.options import SaveOptions
-from statekeeper.checkpoint.paths import writer_lock
 from statekeeper.checkpoint.request import SaveRequest
 from statekeeper.checkpoint.save import capture
 from statekeeper.checkpoint.writer import check_step, encode_metrics, write_shard

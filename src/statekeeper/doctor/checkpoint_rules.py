@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from statekeeper.checkpoint.location import locate
+from statekeeper.catalog.location import locate
 from statekeeper.checkpoint.reader import read_manifest
 from statekeeper.doctor.finding import Finding, Report, Severity
 from statekeeper.doctor.rules._probe import module_path

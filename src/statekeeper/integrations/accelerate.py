@@ -30,15 +30,15 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
-from statekeeper.checkpoint.listing import list_checkpoints
+from statekeeper.catalog.info import CheckpointInfo, RestoreInfo
+from statekeeper.catalog.listing import list_checkpoints
 from statekeeper.checkpoint.load import load
 from statekeeper.checkpoint.policies import KeepLatest
-from statekeeper.checkpoint.retention import Retainer
 from statekeeper.checkpoint.save import save
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations.accelerate_loaders import AccelerateLoader, stateful_loaders
+from statekeeper.loop.retention import Retainer
 from statekeeper.state.rng import RNGState
 from statekeeper.storage.local import LocalStorage
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from statekeeper.checkpoint.info import CheckpointInfo
+from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import CorruptCheckpointError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.checksum import Hasher

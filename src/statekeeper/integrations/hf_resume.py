@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from statekeeper.catalog.location import locate
+from statekeeper.catalog.manifests import read_manifest
 from statekeeper.checkpoint.load import Strict, load
-from statekeeper.checkpoint.location import locate
-from statekeeper.checkpoint.manifests import read_manifest
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError, KeyMismatchError
 from statekeeper.integrations import hf_layout, hf_loader

@@ -22,9 +22,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from statekeeper.catalog.location import resolve_storage
 from statekeeper.checkpoint.load import Strict, load
-from statekeeper.checkpoint.location import resolve_storage
-from statekeeper.checkpoint.retention import keep_only
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.distributed.per_rank import PerRank
@@ -37,6 +36,7 @@ from statekeeper.integrations.lightning_roots import (
     settled,
     trainer_root,
 )
+from statekeeper.loop.retention import keep_only
 from statekeeper.stateful import Value
 
 __all__ = ["StatekeeperModelParallelStrategy"]

@@ -23,14 +23,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from statekeeper.checkpoint.location import resolve_storage
-from statekeeper.checkpoint.retention import keep_only
+from statekeeper.catalog.location import resolve_storage
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import InvalidArgumentError, StorageError
 from statekeeper.integrations.held import plain_tree
 from statekeeper.integrations.lightning_roots import ByPackage, imported, settled
 from statekeeper.interop.reading import read
+from statekeeper.loop.retention import keep_only
 from statekeeper.storage.base import Storage
 from statekeeper.storage.fsspec import FsspecStorage
 from statekeeper.storage.local import LocalStorage

@@ -42,8 +42,7 @@ from torchtitan.components.checkpointer.base import (
     BaseCheckpointManager,
 )
 
-from statekeeper.checkpoint.checkpointer import RNG_ENTRY, Checkpointer
-from statekeeper.checkpoint.listing import list_checkpoints
+from statekeeper.catalog.listing import list_checkpoints
 from statekeeper.checkpoint.load import Strict, load
 from statekeeper.checkpoint.policies import KeepLatest
 from statekeeper.distributed.per_rank import PerRank
@@ -56,6 +55,7 @@ from statekeeper.integrations.titan_parts import (
     model_only_state,
     refuse_unsupported,
 )
+from statekeeper.loop.checkpointer import RNG_ENTRY, Checkpointer
 from statekeeper.state.rng import RNGState
 
 __all__ = ["AsyncMode", "StatekeeperCheckpointManager"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from statekeeper.catalog.foreign_files import size_of
 from statekeeper.errors import CorruptCheckpointError
-from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.pickled import load_torch_file, numpy_globals
 from statekeeper.interop.safetensors_files import read_index, read_safetensors
 from statekeeper.progress import Progress

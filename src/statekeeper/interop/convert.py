@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from statekeeper.arguments import require_bool, require_callable
-from statekeeper.checkpoint.location import is_step_dir
+from statekeeper.catalog.detect import foreign_format
+from statekeeper.catalog.location import is_step_dir
 from statekeeper.errors import InvalidArgumentError, OutputExistsError
 from statekeeper.format.aliases import tie_plan
-from statekeeper.interop.detect import foreign_format
 from statekeeper.interop.safetensors_write import write_safetensors
 from statekeeper.interop.tree import flat_leaves, select, split_tensors
 from statekeeper.progress import Progress

@@ -23,9 +23,9 @@ from typing import IO, Any
 
 import torch
 
+from statekeeper.catalog.foreign_files import open_file, read_capped
 from statekeeper.errors import CorruptCheckpointError, UnsafePickleError
 from statekeeper.interop.dcp_plan import METADATA, BytesEntry, Item, TensorEntry, plan_dcp
-from statekeeper.interop.foreign_files import open_file, read_capped
 from statekeeper.interop.opcodes import DisallowedAttribute, DisallowedGlobal, restricted_load
 from statekeeper.interop.pickled import load_torch_bytes
 from statekeeper.progress import Progress

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from statekeeper.catalog.foreign_files import MAX_DIMS, member, size_of
 from statekeeper.errors import CorruptCheckpointError, UnsupportedFormatError
 from statekeeper.format.jsondoc import MAX_DEPTH
 from statekeeper.format.sharding import tiling_problem
-from statekeeper.interop.foreign_files import MAX_DIMS, member, size_of
 
 __all__ = ["METADATA", "BytesEntry", "Chunk", "DcpPlan", "Item", "TensorEntry", "plan_dcp"]
 

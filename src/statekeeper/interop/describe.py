@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from statekeeper.checkpoint.inspection import TensorRow, ValueRow
+from statekeeper.catalog.detect import Format
+from statekeeper.catalog.foreign_files import size_of
+from statekeeper.catalog.inspection import TensorRow, ValueRow
 from statekeeper.format.aliases import tie_plan
 from statekeeper.format.dtypes import dtype_name
 from statekeeper.interop.accelerate import accelerate_files
-from statekeeper.interop.detect import Format
-from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.foreign_report import FileRow, ForeignReport
 from statekeeper.interop.reading import read_foreign
 from statekeeper.interop.safetensors_files import hf_files, weight_map

@@ -298,7 +298,7 @@ def diff(
 
 def _stores_ties_once(*sides: Any) -> bool:
     """Whether a side is a path in a format that stores tied weights once."""
-    from statekeeper.interop.detect import Format, foreign_format
+    from statekeeper.catalog.detect import Format, foreign_format
 
     for side in sides:
         found = foreign_format(side) if isinstance(side, str | Path) else None

@@ -2,8 +2,8 @@
 (torch-free, so that naming the type never imports the foreign readers).
 
 Its tensor and value rows are the ones a statekeeper step's report has
-(:class:`~statekeeper.checkpoint.inspection.TensorRow`,
-:class:`~statekeeper.checkpoint.inspection.ValueRow`); a foreign checkpoint has no entries,
+(:class:`~statekeeper.catalog.inspection.TensorRow`,
+:class:`~statekeeper.catalog.inspection.ValueRow`); a foreign checkpoint has no entries,
 so a row's ``key`` is its full key path, as its ``name`` (``path``) is.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from statekeeper.checkpoint.inspection import TensorRow, ValueRow
+from statekeeper.catalog.inspection import TensorRow, ValueRow
 
 __all__ = ["FileRow", "ForeignReport"]
 

@@ -1,10 +1,10 @@
-"""Verifying a folder of framework checkpoints (:mod:`statekeeper.interop.frameworks`), entry
+"""Verifying a folder of framework checkpoints (:mod:`statekeeper.catalog.frameworks`), entry
 by entry, as a typed report.
 
 - An entry holding statekeeper steps has every step verified
-  (:func:`~statekeeper.checkpoint.verification.verify_location`: every byte against its
+  (:func:`~statekeeper.catalog.verification.verify_location`: every byte against its
   checksum). A ``StatekeeperTrainer`` step also records the checksum of every Trainer file
-  of its ``checkpoint-N`` folder (:data:`~statekeeper.interop.frameworks.TRAINER_FILES_ENTRY`):
+  of its ``checkpoint-N`` folder (:data:`~statekeeper.catalog.frameworks.TRAINER_FILES_ENTRY`):
   those files are checked too.
 - A foreign entry (a stock Lightning ``.ckpt``, a stock ``checkpoint-N`` or
   ``checkpoint_N`` folder) carries no checksums: it is read in full with statekeeper's safe
@@ -24,23 +24,23 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.manifests import read_manifest
-from statekeeper.checkpoint.verification import (
-    StepVerifyReport,
-    step_locations,
-    verify_location,
-)
-from statekeeper.errors import StatekeeperError, UnsafePickleError
-from statekeeper.format.checksum import Hasher
-from statekeeper.interop.detect import Format
-from statekeeper.interop.frameworks import (
+from statekeeper.catalog.detect import Format
+from statekeeper.catalog.frameworks import (
     TRAINER_FILES_ENTRY,
     Framework,
     FrameworkEntry,
     FrameworkFolder,
     entry_steps,
 )
+from statekeeper.catalog.location import Location
+from statekeeper.catalog.manifests import read_manifest
+from statekeeper.catalog.verification import (
+    StepVerifyReport,
+    step_locations,
+    verify_location,
+)
+from statekeeper.errors import StatekeeperError, UnsafePickleError
+from statekeeper.format.checksum import Hasher
 from statekeeper.progress import Progress
 from statekeeper.storage.files import check_name, open_regular
 

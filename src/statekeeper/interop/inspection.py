@@ -1,7 +1,7 @@
 """``inspect``: what a checkpoint holds, in any format statekeeper reads, as a typed report.
 
 A statekeeper step is described from its verified manifest alone, without torch
-(:func:`statekeeper.checkpoint.inspection.inspect_step`); a foreign checkpoint (torch.save,
+(:func:`statekeeper.catalog.inspection.inspect_step`); a foreign checkpoint (torch.save,
 safetensors, Hugging Face, Lightning, Accelerate, DCP) is read safely and its tensors and
 values are described (:func:`statekeeper.interop.describe.describe`, which needs torch and
 is imported only then).
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 
-from statekeeper.checkpoint.inspection import InspectReport, inspect_step
-from statekeeper.checkpoint.location import PathOrStorage
+from statekeeper.catalog.detect import Format, foreign_format
+from statekeeper.catalog.frameworks import framework_entry, framework_folder
+from statekeeper.catalog.inspection import InspectReport, inspect_step
+from statekeeper.catalog.location import PathOrStorage
 from statekeeper.errors import InvalidArgumentError
-from statekeeper.interop.detect import Format, foreign_format
 from statekeeper.interop.foreign_report import ForeignReport
-from statekeeper.interop.frameworks import framework_entry, framework_folder
 
 __all__ = ["ForeignReport", "inspect"]
 
@@ -28,18 +28,18 @@ def inspect(path: PathOrStorage, *, step: int | None = None) -> InspectReport | 
     ``s3://bucket/run/step_000000100``, or a ``Storage``), a :class:`InspectReport` of the step
     (the newest one of a run unless ``step`` is given): its entries with their tensors (name,
     shape, dtype, bytes, file, aliases) and plain values, its metrics and totals. Only the
-    manifest is read, and verified: use :func:`statekeeper.interop.verification.verify` to
+    manifest is read, and verified: use :func:`statekeeper.catalog.verify.verify` to
     check the tensor data too. This path never imports torch.
 
     For a foreign checkpoint file or folder (torch.save, safetensors, Hugging Face,
     Lightning, Accelerate, DCP), a :class:`ForeignReport`: its files, tensors and values
-    (the same :class:`~statekeeper.checkpoint.inspection.TensorRow` and
-    :class:`~statekeeper.checkpoint.inspection.ValueRow` rows).
+    (the same :class:`~statekeeper.catalog.inspection.TensorRow` and
+    :class:`~statekeeper.catalog.inspection.ValueRow` rows).
     Pickle-based files are opened with ``weights_only`` only.
 
     For a folder of framework checkpoints (a Lightning ``ModelCheckpoint`` directory, a
     Trainer output directory, an Accelerate project directory:
-    :func:`~statekeeper.interop.frameworks.framework_folder`), its newest entry, or the one
+    :func:`~statekeeper.catalog.frameworks.framework_folder`), its newest entry, or the one
     of ``step``, described as above.
 
     >>> report = inspect("runs/exp1")  # doctest: +SKIP

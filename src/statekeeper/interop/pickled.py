@@ -6,7 +6,7 @@ globals the file asks for. They are found by disassembling the pickle (see
 ``torch.save`` file (truncated, damaged) is a :class:`CorruptCheckpointError` naming it, and
 so is one that claims more than it holds (see :mod:`statekeeper.interop.torch_checks`: zip
 entries, legacy storages, nesting, views). Files are opened as regular files only
-(:mod:`statekeeper.interop.foreign_files`).
+(:mod:`statekeeper.catalog.foreign_files`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import IO, Any, BinaryIO
 
 import torch
 
+from statekeeper.catalog.foreign_files import ZIP_MAGIC, is_torch_file, open_file
 from statekeeper.errors import CorruptCheckpointError, UnsafePickleError
 from statekeeper.format.jsondoc import MAX_DEPTH
-from statekeeper.interop.foreign_files import ZIP_MAGIC, is_torch_file, open_file
 from statekeeper.interop.opcodes import scan_stream
 from statekeeper.interop.torch_checks import check_legacy, check_zip, loaded_problem, tuple_depth
 

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from statekeeper.arguments import require_callable
+from statekeeper.catalog.detect import Format, foreign_format
+from statekeeper.catalog.foreign_files import size_of
+from statekeeper.catalog.location import PathOrStorage
 from statekeeper.checkpoint.load import read_statekeeper
-from statekeeper.checkpoint.location import PathOrStorage
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.interop.accelerate import read_accelerate
 from statekeeper.interop.dcp import read_dcp
-from statekeeper.interop.detect import Format, foreign_format
-from statekeeper.interop.foreign_files import size_of
 from statekeeper.interop.lightning import read_lightning
 from statekeeper.interop.pickled import load_torch_file
 from statekeeper.interop.safetensors_files import read_hf, read_safetensors

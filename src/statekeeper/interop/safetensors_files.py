@@ -1,6 +1,6 @@
 """Safetensors files and Hugging Face folders, read zero-copy and defensively.
 
-Files are opened through :mod:`statekeeper.interop.foreign_files` (regular files only,
+Files are opened through :mod:`statekeeper.catalog.foreign_files` (regular files only,
 links followed, names from an index confined to its folder), mapped copy-on-write and read
 by the core's one safetensors reader (:func:`~statekeeper.format.safetensors_header.read_header`:
 the header's length against the file and
@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
+from statekeeper.catalog.foreign_files import MAX_DIMS, member, open_file, read_json, size_of
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.jsondoc import MAX_INDEX_BYTES, parse_json
 from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.safetensors_header import Header, read_header
 from statekeeper.format.safetensors_io import parse
-from statekeeper.interop.foreign_files import MAX_DIMS, member, open_file, read_json, size_of
 from statekeeper.interop.pickled import load_torch_file
 from statekeeper.interop.safetensors_write import ALIASES_KEY, tie_plan, write_safetensors
 from statekeeper.progress import Progress

@@ -11,7 +11,7 @@ At every instant each committed entry has one complete copy that readers find:
 - where there is no exchange (another kernel, NFS, some FUSE file systems: ``EINVAL``,
   ``ENOSYS``, ``EOPNOTSUPP``) the old copy is first renamed to ``<entry>.replaced-<id>``,
   then the new one to ``entry``. Between the two renames the set-aside copy *is* the
-  committed entry: every reader (``committed`` in ``checkpoint/location.py``) takes a
+  committed entry: every reader (``committed`` in ``catalog/location.py``) takes a
   ``.replaced-`` entry whose ``entry`` does not exist as that entry, and :func:`recover`
   (run under the writer lock by ``restore_latest`` and ``remove_partial``) renames it back.
   Once ``entry`` exists, a ``.replaced-`` copy of it is superseded and is deleted.

@@ -6,7 +6,7 @@ to ``<entry>.replaced-<id>`` (:data:`~statekeeper.storage.commit.REPLACED`), its
 marker last; only once that copy is committed is ``entry`` uncommitted (its marker removed
 first) and written anew. While ``entry`` has no marker, the set-aside copy *is* the
 committed entry: every reader takes a committed ``.replaced-`` entry whose ``entry`` is not
-committed as that entry (``committed`` in ``checkpoint/location.py``, as for the local
+committed as that entry (``committed`` in ``catalog/location.py``, as for the local
 protocol of :mod:`statekeeper.storage.commit`). Once the new ``entry`` is committed the
 copy is superseded and deleted. A process killed in between leaves the old step committed
 and findable; :func:`recover` (``restore_latest`` and ``remove_partial``, under the writer

@@ -2,7 +2,7 @@
 
 A Checkpointer with ``mirror=Mirror("s3://bucket/run", ...)`` commits each step on its own
 (local, fast) tier as always, then hands the step to an uploader
-(:mod:`statekeeper.checkpoint.uploader`). Its
+(:mod:`statekeeper.loop.mirror.uploader`). Its
 thread copies the step to the mirror with the mirror's own commit protocol: every tensor
 file first, each checked against the checksum the manifest records for it while it is
 streamed (a local file damaged since the save is never uploaded as good), the manifest last,
@@ -11,7 +11,7 @@ by the store itself (incremental). At most ``concurrency`` files move at once; a
 request is retried ``retries`` times, waiting ``backoff`` seconds, doubled each time, and
 gives up after ``timeout`` seconds without an answer. Steps waiting for their upload are
 recorded in the run directory's upload journal, so that a killed process's are uploaded by
-the next one; a resume reads both tiers (:mod:`statekeeper.checkpoint.tiered`).
+the next one; a resume reads both tiers (:mod:`statekeeper.loop.mirror.tiered`).
 
 An upload that fails for good leaves no committed step on the mirror; it is kept, warned
 about at the next save, raised (:class:`~statekeeper.errors.MirrorError`) by ``wait()`` and
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from statekeeper.arguments import require_count, require_instance, require_path, require_seconds
-from statekeeper.checkpoint.location import PathOrStorage
+from statekeeper.catalog.location import PathOrStorage
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.storage.base import Storage

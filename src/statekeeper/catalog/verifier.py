@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from statekeeper.checkpoint.location import Location
+from statekeeper.catalog.location import Location
 from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
 from statekeeper.format.manifest import MANIFEST, Manifest

@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from statekeeper.checkpoint.listing import list_checkpoints
-from statekeeper.checkpoint.location import committed
+from statekeeper.catalog.listing import list_checkpoints
+from statekeeper.catalog.location import committed
 from statekeeper.checkpoint.points import Point, reach
 from statekeeper.checkpoint.policies import Retention
 from statekeeper.errors import StatekeeperWarning, StorageError, user_stacklevel

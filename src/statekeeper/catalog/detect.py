@@ -7,11 +7,11 @@ import re
 from enum import StrEnum
 from pathlib import Path
 
-from statekeeper.checkpoint.location import is_step_dir
-from statekeeper.checkpoint.naming import EntryKind, parse_entry
-from statekeeper.checkpoint.paths import checked_path
+from statekeeper.catalog.foreign_files import is_torch_file, size_of
+from statekeeper.catalog.location import is_step_dir
+from statekeeper.catalog.naming import EntryKind, parse_entry
+from statekeeper.catalog.paths import checked_path
 from statekeeper.errors import CorruptCheckpointError, InvalidArgumentError
-from statekeeper.interop.foreign_files import is_torch_file, size_of
 
 __all__ = ["ACCELERATE_FILES", "Format", "detect", "foreign_format", "is_accelerate_file"]
 
@@ -42,7 +42,7 @@ def is_accelerate_file(name: str) -> bool:
 
 
 def _is_statekeeper_dir(path: Path) -> bool:
-    """A step (:func:`~statekeeper.checkpoint.location.is_step_dir`: a ``manifest.json`` of
+    """A step (:func:`~statekeeper.catalog.location.is_step_dir`: a ``manifest.json`` of
     any kind, so that a FIFO or a link in its place is refused by statekeeper's own reader)
     or a run directory."""
     if is_step_dir(path) or is_step_dir(path.resolve()):

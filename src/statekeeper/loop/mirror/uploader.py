@@ -1,8 +1,8 @@
 """The uploader: copies committed steps of the local tier to a :class:`Mirror` on a thread
-of its own (see :mod:`statekeeper.checkpoint.mirror` for what a mirror promises).
+of its own (see :mod:`statekeeper.loop.mirror.config` for what a mirror promises).
 
 The steps not uploaded yet are recorded in the run directory's upload journal
-(:mod:`statekeeper.checkpoint.journal`): a process killed mid-upload leaves them there, and
+(:mod:`statekeeper.catalog.journal`): a process killed mid-upload leaves them there, and
 the next uploader for the same mirror queues them first (its local retention keeps them
 until they are uploaded). ``finish`` (``close()``) waits at most ``Mirror.close_timeout``
 seconds, whatever the back-end (a request that hangs and cannot be interrupted included:
@@ -11,7 +11,7 @@ upload that fails while closing; what is still waiting then is warned about and 
 the journal. From then on the uploader changes nothing of the run (no journal write, no
 request begun, no retention on the mirror): the next owner of the run may already be at
 work. A process that ends without ``close()`` does the same at interpreter exit
-(:mod:`statekeeper.checkpoint.upload_hooks`).
+(:mod:`statekeeper.loop.mirror.hooks`).
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.journal import Journal
+from statekeeper.catalog.info import RestoreInfo
+from statekeeper.catalog.journal import Journal
+from statekeeper.catalog.location import committed
 from statekeeper.checkpoint.load import Strict
-from statekeeper.checkpoint.location import committed
-from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
-from statekeeper.checkpoint.remote import Retrying, mirror_storage
-from statekeeper.checkpoint.retention import apply_retention
 from statekeeper.checkpoint.scope import Scope
-from statekeeper.checkpoint.tiered import load_of_tiers, newest_of_tiers
-from statekeeper.checkpoint.upload import Transfer, upload_step
-from statekeeper.checkpoint.upload_hooks import track
-from statekeeper.checkpoint.upload_reports import (
+from statekeeper.errors import (
+    MirrorError,
+    StatekeeperWarning,
+)
+from statekeeper.loop.mirror.config import Mirror, MirrorStatus
+from statekeeper.loop.mirror.hooks import track
+from statekeeper.loop.mirror.remote import Retrying, mirror_storage
+from statekeeper.loop.mirror.reports import (
     RETRY_STEPS,
     failed_uploads,
     warn_failure,
@@ -42,10 +43,9 @@ from statekeeper.checkpoint.upload_reports import (
     warn_left,
     warn_retention,
 )
-from statekeeper.errors import (
-    MirrorError,
-    StatekeeperWarning,
-)
+from statekeeper.loop.mirror.tiered import load_of_tiers, newest_of_tiers
+from statekeeper.loop.mirror.upload import Transfer, upload_step
+from statekeeper.loop.retention import apply_retention
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.storage.base import Storage
 
@@ -69,7 +69,7 @@ class Uploader:
         self._journal_lock = threading.Lock()
         self._reset()
         self._resume()
-        track(self)  # checkpoint/upload_hooks.py: interpreter exit, fork
+        track(self)  # loop/mirror/hooks.py: interpreter exit, fork
 
     def _reset(self) -> None:
         self._cond = threading.Condition()
@@ -156,7 +156,7 @@ class Uploader:
         on_optimizer_change: OptimizerChange,
     ) -> RestoreInfo | None:
         """The newest step of either tier, loaded into ``state`` (see
-        :mod:`statekeeper.checkpoint.tiered`); the steps left in the journal start
+        :mod:`statekeeper.loop.mirror.tiered`); the steps left in the journal start
         uploading."""
         try:
             return newest_of_tiers(
@@ -169,7 +169,7 @@ class Uploader:
 
     def load(self, state: Mapping[str, Any], step: int | None, **options: Any) -> RestoreInfo:
         """``step`` (None: the newest) of either tier, loaded into ``state`` (see
-        :func:`~statekeeper.checkpoint.tiered.load_of_tiers`); the steps left in the
+        :func:`~statekeeper.loop.mirror.tiered.load_of_tiers`); the steps left in the
         journal start uploading."""
         try:
             return load_of_tiers(self.local, self.reader, self.mirror, state, step, **options)

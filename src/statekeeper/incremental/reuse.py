@@ -26,14 +26,14 @@ from functools import partial
 
 import torch
 
-from statekeeper.checkpoint.location import Location, committed
-from statekeeper.checkpoint.manifests import read_manifest
-from statekeeper.checkpoint.marks import Mark, Memo, Seen
-from statekeeper.checkpoint.naming import ParsedEntry
+from statekeeper.catalog.location import Location, committed
+from statekeeper.catalog.manifests import read_manifest
+from statekeeper.catalog.naming import ParsedEntry
 from statekeeper.errors import StatekeeperError
 from statekeeper.format.checksum import Hasher, matches
 from statekeeper.format.manifest import FileRecord
 from statekeeper.format.safetensors_io import ShardLayout, stream
+from statekeeper.incremental.marks import Mark, Memo, Seen
 from statekeeper.storage.base import (
     FileWriter,
     Opened,

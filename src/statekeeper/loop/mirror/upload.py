@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
-from statekeeper.checkpoint.incremental import IncrementalCache, Reuser, previous_step
-from statekeeper.checkpoint.location import committed
-from statekeeper.checkpoint.naming import step_entry
+from statekeeper.catalog.location import committed
+from statekeeper.catalog.naming import step_entry
 from statekeeper.errors import CorruptCheckpointError, StepNotFoundError, StorageError
 from statekeeper.format.checksum import Buffer, Hasher
 from statekeeper.format.manifest import MANIFEST, FileRecord, Manifest
+from statekeeper.incremental.reuse import IncrementalCache, Reuser, previous_step
 from statekeeper.storage.base import Storage, Transaction
 
 __all__ = ["Transfer", "run_all", "upload_step"]

@@ -13,9 +13,9 @@ sharded tensor. Raises ``CorruptCheckpointError`` (or ``UnsupportedFormatError``
 
 from __future__ import annotations
 
-from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.manifests import read_manifest
-from statekeeper.checkpoint.verifier import Progress, Verifier
+from statekeeper.catalog.location import Location
+from statekeeper.catalog.manifests import read_manifest
+from statekeeper.catalog.verifier import Progress, Verifier
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.checksum import Buffer
 from statekeeper.format.dtypes import CODE_OF

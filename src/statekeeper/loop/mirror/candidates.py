@@ -10,15 +10,15 @@ for only when that step is tried (:func:`committed_name`): deciding what is newe
 one listing of the top level (a page per 1,000 names; prefixes that are no step cost
 their share of it, never a request of their own) plus one request for the newest step,
 whatever the steps hold. Every other storage is listed with ``entries()``, as
-:func:`~statekeeper.checkpoint.location.committed` does.
+:func:`~statekeeper.catalog.location.committed` does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from statekeeper.checkpoint.location import committed
-from statekeeper.checkpoint.naming import EntryKind, parse_entry
+from statekeeper.catalog.location import committed
+from statekeeper.catalog.naming import EntryKind, parse_entry
 from statekeeper.storage.base import Storage
 
 __all__ = ["Candidate", "candidates", "committed_name"]

@@ -1,4 +1,4 @@
-"""A step's state tree as :mod:`statekeeper.checkpoint.inspection` reports it: decoded from
+"""A step's state tree as :mod:`statekeeper.catalog.inspection` reports it: decoded from
 the manifest with tensors left as references, walked into tensor references and plain
 leaves, and long values summarized. No tensor is built."""
 

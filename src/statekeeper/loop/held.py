@@ -1,6 +1,6 @@
 """What a Checkpointer holds from its construction to ``close()``, taken and given back in
 order: the run's writer lock (by rank 0 in a job) first, then, under it, the mirror's
-uploader (:class:`~statekeeper.checkpoint.run_tiers.RunTiers`) and the signal handlers.
+uploader (:class:`~statekeeper.loop.run_tiers.RunTiers`) and the signal handlers.
 Closing finishes the background writer, then the uploads (``Mirror.close_timeout`` at most),
 then puts the signal handlers back and releases the lock last. A construction that fails
 half-way gives back what it took."""
@@ -11,10 +11,10 @@ import signal
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from statekeeper.catalog.paths import writer_lock
 from statekeeper.checkpoint.async_save import AsyncWriter
-from statekeeper.checkpoint.paths import writer_lock
-from statekeeper.checkpoint.run_tiers import RunTiers
 from statekeeper.checkpoint.signals import SignalWatch
+from statekeeper.loop.run_tiers import RunTiers
 from statekeeper.storage.base import Storage
 
 __all__ = ["Held"]

@@ -1,7 +1,7 @@
 """Resuming from the newest step of two tiers: the local one and its mirror.
 
 What is newest is decided from both listings. The mirror's is one listing of its top level
-(:mod:`statekeeper.checkpoint.candidates`: its cost does not grow with what the steps hold
+(:mod:`statekeeper.loop.mirror.candidates`: its cost does not grow with what the steps hold
 nor with prefixes that are no step), and each step's commit marker is asked for only when
 that step is tried. It is retried with backoff, each request bounded by ``Mirror.timeout``;
 a mirror that cannot be listed is never taken for an empty one:
@@ -27,12 +27,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from statekeeper.checkpoint.candidates import Candidate, candidates, committed_name
-from statekeeper.checkpoint.info import RestoreInfo
+from statekeeper.catalog.info import RestoreInfo
+from statekeeper.catalog.location import Location, committed
 from statekeeper.checkpoint.load import Strict, load, load_located
-from statekeeper.checkpoint.location import Location, committed
-from statekeeper.checkpoint.mirror import Mirror
-from statekeeper.checkpoint.remote import within
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import (
     CheckpointUnreadableError,
@@ -41,6 +38,9 @@ from statekeeper.errors import (
     StepNotFoundError,
     user_stacklevel,
 )
+from statekeeper.loop.mirror.candidates import Candidate, candidates, committed_name
+from statekeeper.loop.mirror.config import Mirror
+from statekeeper.loop.mirror.remote import within
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.storage.base import Storage
 

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from statekeeper.arguments import require_step
-from statekeeper.checkpoint.naming import EntryKind, ParsedEntry, parse_entry, step_entry
-from statekeeper.checkpoint.paths import checked_path
+from statekeeper.catalog.naming import EntryKind, ParsedEntry, parse_entry, step_entry
+from statekeeper.catalog.paths import checked_path
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError, StepNotFoundError
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.base import Storage, capabilities_of

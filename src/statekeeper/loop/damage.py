@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 
-from statekeeper.checkpoint.location import committed
+from statekeeper.catalog.location import committed
 from statekeeper.errors import StatekeeperWarning, user_stacklevel
 from statekeeper.storage.base import Storage
 

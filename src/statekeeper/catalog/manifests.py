@@ -3,8 +3,8 @@ one. No torch here: listing a run (``statekeeper ls``) reads manifests only."""
 
 from __future__ import annotations
 
-from statekeeper.checkpoint.location import Location
-from statekeeper.checkpoint.verifier import missing
+from statekeeper.catalog.location import Location
+from statekeeper.catalog.verifier import missing
 from statekeeper.errors import CorruptCheckpointError
 from statekeeper.format.jsondoc import MAX_MANIFEST_BYTES
 from statekeeper.format.manifest import MANIFEST, Manifest

@@ -15,27 +15,28 @@ from types import TracebackType
 from typing import Any
 
 from statekeeper.arguments import require_bool, require_step
+from statekeeper.catalog.info import CheckpointInfo, RestoreInfo
+from statekeeper.catalog.listing import warn_if_foreign
+from statekeeper.catalog.location import PathOrStorage, resolve_storage
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave, Staging
 from statekeeper.checkpoint.collective import collective
-from statekeeper.checkpoint.damage import DamagedSteps
-from statekeeper.checkpoint.held import Held
-from statekeeper.checkpoint.incremental import Incremental
-from statekeeper.checkpoint.info import CheckpointInfo, RestoreInfo
-from statekeeper.checkpoint.listing import warn_if_foreign
 from statekeeper.checkpoint.load import Strict, check_assignable
-from statekeeper.checkpoint.location import PathOrStorage, resolve_storage
-from statekeeper.checkpoint.mirror import Mirror, MirrorStatus
-from statekeeper.checkpoint.options import SaveOptions, check_checkpointer_options
+from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
 from statekeeper.checkpoint.request import SaveRequest
-from statekeeper.checkpoint.retention import Retainer, RetentionStatus
-from statekeeper.checkpoint.run_tiers import RunTiers
 from statekeeper.checkpoint.save import check_save, save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import preempt
 from statekeeper.errors import InvalidArgumentError, StatekeeperError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
+from statekeeper.incremental.reuse import Incremental
+from statekeeper.loop.arguments import check_checkpointer_options
+from statekeeper.loop.damage import DamagedSteps
+from statekeeper.loop.held import Held
+from statekeeper.loop.mirror.config import Mirror, MirrorStatus
+from statekeeper.loop.retention import Retainer, RetentionStatus
+from statekeeper.loop.run_tiers import RunTiers
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import Generator, RNGState
 
@@ -125,7 +126,7 @@ class Checkpointer:
         self._last_save = _clock()
         self._closed = False
         self.preempted = False
-        # the lock first, the uploader and the signal handlers under it (checkpoint/held.py)
+        # the lock first, the uploader and the signal handlers under it (loop/held.py)
         self._held = Held(
             self.storage,
             leader=self._leader,

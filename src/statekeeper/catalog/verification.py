@@ -1,10 +1,10 @@
-"""Verifying every byte of one step or of every step of a run: :func:`verify_steps` and its
-report, :class:`VerifyReport`. No torch.
+"""Verifying every byte of one step or of every step of a run: :func:`verify_locations` and
+its report, :class:`VerifyReport` (:func:`statekeeper.verify` is the entry point). No torch.
 
-Each step is checked by :func:`~statekeeper.checkpoint.verify.verify_step` (manifest, sizes,
+Each step is checked by :func:`~statekeeper.catalog.verify_step.verify_step` (manifest, sizes,
 checksums, every header and record); a damaged step is reported, never raised, so that one
 bad step does not hide the state of the others. ``statekeeper verify`` renders the report;
-:func:`statekeeper.interop.verification.verify` also refuses foreign checkpoints by name.
+:func:`statekeeper.catalog.verify.verify` also refuses foreign checkpoints by name.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from statekeeper.arguments import require_callable
-from statekeeper.checkpoint.location import (
+from statekeeper.catalog.location import (
     Location,
     PathOrStorage,
     committed,
     locate,
     resolve_storage,
 )
-from statekeeper.checkpoint.manifests import read_manifest
-from statekeeper.checkpoint.naming import EntryKind, parse_entry
-from statekeeper.checkpoint.verify import verify_step
+from statekeeper.catalog.manifests import read_manifest
+from statekeeper.catalog.naming import EntryKind, parse_entry
+from statekeeper.catalog.verify_step import verify_step
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StepNotFoundError
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.progress import Progress
@@ -36,7 +36,6 @@ __all__ = [
     "step_locations",
     "verify_location",
     "verify_locations",
-    "verify_steps",
 ]
 
 
@@ -134,7 +133,7 @@ def step_locations(target: PathOrStorage, step: int | None = None) -> list[Locat
 
 def verify_location(location: Location, progress: Progress | None = None) -> StepVerifyReport:
     """Checksums and sizes of every file, then every header and record checked against the
-    manifest (:func:`~statekeeper.checkpoint.verify.verify_step`: no tensor is built).
+    manifest (:func:`~statekeeper.catalog.verify_step.verify_step`: no tensor is built).
 
     Never raises for a damaged, unreadable or vanished step: the result says what is wrong.
     ``progress(done, total)`` counts the bytes of the step's files as they are checked.
@@ -174,30 +173,6 @@ def _verify_all(locations: Sequence[Location], progress: Progress) -> list[StepV
         base += size
         progress(base, total)  # a step that failed early still counts as checked
     return results
-
-
-def verify_steps(
-    target: PathOrStorage, *, step: int | None = None, progress: Progress | None = None
-) -> VerifyReport:
-    """Verify every byte of a statekeeper step, or of every committed step of a run.
-
-    Each step's manifest (its self-checksum), every file's size and checksum, every
-    safetensors header and every tensor record are checked, without building a tensor (no
-    torch). A damaged step does not raise: its :class:`StepVerifyReport` has ``ok`` False
-    and ``error`` naming the file and the fix. ``progress(done, total)`` counts bytes over all
-    the steps verified.
-
-    Raises what :func:`step_locations` raises when there is nothing to verify:
-    ``StepNotFoundError`` (no such path, step, or no committed step) or
-    ``InvalidArgumentError``.
-
-    >>> report = verify_steps("runs/exp1")  # doctest: +SKIP
-    >>> report.ok, [(s.step, s.ok) for s in report.steps]  # doctest: +SKIP
-    (False, [(100, True), (200, False)])
-    >>> report.failed[0].error  # doctest: +SKIP
-    '.../step_000000200/tensors-00000.safetensors: checksum mismatch ...'
-    """
-    return verify_locations(step_locations(target, step), progress)
 
 
 def verify_locations(

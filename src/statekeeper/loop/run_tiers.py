@@ -1,7 +1,7 @@
 """The tiers a Checkpointer saves to and resumes from: its run directory, and its mirror.
 
 Without a mirror this is the run directory alone; with one, the uploader
-(:mod:`statekeeper.checkpoint.uploader`), built by :meth:`RunTiers.open` only once the
+(:mod:`statekeeper.loop.mirror.uploader`), built by :meth:`RunTiers.open` only once the
 Checkpointer holds the run's writer lock: a Checkpointer that the lock refuses never reads
 the upload journal nor speaks to the mirror.
 """
@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from statekeeper.checkpoint.info import RestoreInfo
-from statekeeper.checkpoint.listing import clean_up
+from statekeeper.catalog.info import RestoreInfo
+from statekeeper.catalog.listing import clean_up
 from statekeeper.checkpoint.load import Strict, load
-from statekeeper.checkpoint.mirror import Mirror, MirrorStatus, require_single_process
-from statekeeper.checkpoint.resume import newest_intact
 from statekeeper.checkpoint.scope import Scope, is_distributed
-from statekeeper.checkpoint.uploader import Uploader
+from statekeeper.loop.mirror.config import Mirror, MirrorStatus, require_single_process
+from statekeeper.loop.mirror.uploader import Uploader
+from statekeeper.loop.resume import newest_intact
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.storage.base import Storage
 

@@ -1,5 +1,5 @@
 """What the uploader tells the user: each warning and error names the steps, the mirror and
-what happens to them next (see :mod:`statekeeper.checkpoint.uploader`)."""
+what happens to them next (see :mod:`statekeeper.loop.mirror.uploader`)."""
 
 from __future__ import annotations
 

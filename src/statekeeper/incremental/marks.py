@@ -11,7 +11,7 @@
   since the last save, grouped into shards of their own.
 - :class:`Memo`: a small, bounded, thread-safe map for what is remembered (upload threads
   and the saving thread use it at once). Memos belong to their owner
-  (:class:`~statekeeper.checkpoint.incremental.IncrementalCache`); a memo used in a forked
+  (:class:`~statekeeper.incremental.reuse.IncrementalCache`); a memo used in a forked
   child starts empty, with a lock of its own (the parent's may have been held by one of its
   threads at the fork): no fork hook is needed.
 """

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from statekeeper.checkpoint.inspection_tree import Ref, decode, relative, summary, walk
-from statekeeper.checkpoint.location import Location, PathOrStorage, locate
-from statekeeper.checkpoint.manifests import read_manifest
+from statekeeper.catalog.inspection_tree import Ref, decode, relative, summary, walk
+from statekeeper.catalog.location import Location, PathOrStorage, locate
+from statekeeper.catalog.manifests import read_manifest
 from statekeeper.errors import CorruptCheckpointError, StepNotFoundError
 from statekeeper.format.dtypes import ITEMSIZE
 from statekeeper.format.manifest import MANIFEST, Manifest
@@ -248,7 +248,7 @@ def inspect_location(location: Location) -> InspectReport:
 def inspect_step(path: PathOrStorage, step: int | None = None) -> InspectReport:
     """What a committed statekeeper step holds: entries, tensors (name, shape, dtype, bytes,
     file, aliases), plain values (summarized when long), metrics and totals. Only the manifest
-    is read (and verified); :func:`statekeeper.checkpoint.verification.verify_steps` checks
+    is read (and verified); :func:`statekeeper.verify` checks
     the tensor data too. Needs no torch.
 
     ``path`` is a run directory (its newest step, or ``step``), a step directory, a URL

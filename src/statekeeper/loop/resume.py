@@ -6,9 +6,9 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from statekeeper.checkpoint.info import RestoreInfo
+from statekeeper.catalog.info import RestoreInfo
+from statekeeper.catalog.location import committed
 from statekeeper.checkpoint.load import Strict, load
-from statekeeper.checkpoint.location import committed
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.errors import (
     CheckpointUnreadableError,

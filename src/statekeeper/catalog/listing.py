@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 
-from statekeeper.checkpoint.info import CheckpointInfo
-from statekeeper.checkpoint.journal import JOURNAL
-from statekeeper.checkpoint.location import (
+from statekeeper.catalog.info import CheckpointInfo
+from statekeeper.catalog.journal import JOURNAL
+from statekeeper.catalog.location import (
     Location,
     PathOrStorage,
     classify,
@@ -14,9 +14,9 @@ from statekeeper.checkpoint.location import (
     resolve_storage,
     set_aside_entries,
 )
-from statekeeper.checkpoint.manifests import read_manifest
-from statekeeper.checkpoint.naming import ParsedEntry, parse_entry
-from statekeeper.checkpoint.paths import writer_lock
+from statekeeper.catalog.manifests import read_manifest
+from statekeeper.catalog.naming import ParsedEntry, parse_entry
+from statekeeper.catalog.paths import writer_lock
 from statekeeper.errors import StatekeeperError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.storage.base import Storage

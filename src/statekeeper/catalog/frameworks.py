@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from statekeeper.checkpoint.location import is_step_dir
-from statekeeper.checkpoint.naming import EntryKind, parse_entry
+from statekeeper.catalog.detect import Format, detect
+from statekeeper.catalog.location import is_step_dir
+from statekeeper.catalog.naming import EntryKind, parse_entry
 from statekeeper.errors import StatekeeperError, StepNotFoundError
-from statekeeper.interop.detect import Format, detect
 
 __all__ = [
     "TRAINER_FILES_ENTRY",

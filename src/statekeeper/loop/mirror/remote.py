@@ -1,7 +1,7 @@
 """The mirror as a restore reads it: every request retried, and a decision bounded in time.
 
 :class:`Retrying` is a storage whose read-side requests (listing, reading a file, its
-size) are retried with backoff (:class:`~statekeeper.checkpoint.upload.Transfer`): one
+size) are retried with backoff (:class:`~statekeeper.loop.mirror.upload.Transfer`): one
 failed request of a store is never taken for a missing step. :func:`within` runs a call on
 a helper thread and gives up waiting after a number of seconds (the call, bounded by its
 client's own timeouts, ends on its own later), so that a store that accepts connections
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from statekeeper.checkpoint.location import resolve_storage
-from statekeeper.checkpoint.mirror import Mirror
-from statekeeper.checkpoint.upload import Transfer
+from statekeeper.catalog.location import resolve_storage
 from statekeeper.errors import InvalidArgumentError, StorageError
+from statekeeper.loop.mirror.config import Mirror
+from statekeeper.loop.mirror.upload import Transfer
 from statekeeper.storage.base import Capabilities, Storage, Transaction, capabilities_of
 from statekeeper.storage.fsspec import FsspecStorage
 from statekeeper.storage.places import same_place
@@ -55,7 +55,7 @@ class Retrying:
         return self._transfer.attempt(lambda: self.storage.files(entry))
 
     def top_level(self) -> list[str] | None:
-        """The storage's ``top_level()`` (see :mod:`statekeeper.checkpoint.candidates`),
+        """The storage's ``top_level()`` (see :mod:`statekeeper.loop.mirror.candidates`),
         or None where it has none."""
         top = getattr(self.storage, "top_level", None)
         return None if not callable(top) else list(self._transfer.attempt(top))

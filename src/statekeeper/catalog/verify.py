@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 from statekeeper.arguments import require_callable
-from statekeeper.checkpoint.location import Location, PathOrStorage
-from statekeeper.checkpoint.verification import VerifyReport, step_locations, verify_locations
+from statekeeper.catalog.detect import Format, foreign_format
+from statekeeper.catalog.frameworks import FrameworkFolder, framework_folder
+from statekeeper.catalog.location import Location, PathOrStorage
+from statekeeper.catalog.verification import VerifyReport, step_locations, verify_locations
 from statekeeper.errors import InvalidArgumentError, StepNotFoundError
-from statekeeper.interop.detect import Format, foreign_format
-from statekeeper.interop.frameworks import FrameworkFolder, framework_folder
 from statekeeper.progress import Progress
 
 __all__ = ["verify", "verify_targets"]
@@ -38,7 +38,7 @@ def _framework_steps(folder: FrameworkFolder, step: int | None) -> list[Location
 
 def verify_targets(path: PathOrStorage, step: int | None = None) -> list[Location]:
     """The committed steps :func:`verify` checks
-    (:func:`~statekeeper.checkpoint.verification.step_locations`), after refusing a foreign
+    (:func:`~statekeeper.catalog.verification.step_locations`), after refusing a foreign
     checkpoint with ``InvalidArgumentError``."""
     folder = framework_folder(path) if isinstance(path, str | os.PathLike) else None
     if folder is not None:
@@ -64,7 +64,7 @@ def verify(
     statekeeper steps of its entries verified. For each step, the manifest's self-checksum, every
     file's size and checksum, every safetensors header and every tensor record are checked,
     without building a tensor (no torch). A damaged step does not raise: its entry in
-    :attr:`VerifyReport.steps <statekeeper.checkpoint.verification.VerifyReport.steps>` has
+    :attr:`VerifyReport.steps <statekeeper.catalog.verification.VerifyReport.steps>` has
     ``ok`` False and an ``error`` naming the file and the fix, and ``report.ok`` is False.
     ``progress(done, total)`` counts bytes over all the steps verified.
 

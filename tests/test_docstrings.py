@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _package() -> Any:
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
+        # (typing) scripts/ is not a package: the test puts it on sys.path
         from griffe_roles import SphinxRoles  # type: ignore[import-not-found]  # scripts/ is put on the path just above
     finally:
         sys.path.remove(str(ROOT / "scripts"))

@@ -216,4 +216,5 @@ def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(sk.errors.InvalidArgumentError, match="EverySteps"):
         sk.Checkpointer(tmp_path, every=10)
     with pytest.raises(TypeError, match="generator 'g'"):
+        # (typing) a wrong type on purpose: the error is what is tested
         sk.Checkpointer(tmp_path, generators={"g": 1})  # type: ignore[dict-item]

@@ -39,6 +39,7 @@ def _loader(persistent: bool, generator: bool = True) -> StatefulDataLoader:
 
 
 def _epoch(it: object) -> None:
+    # (typing) the loader type is chosen at run time; mypy sees the base class
     for _ in it:  # type: ignore[attr-defined]
         pass
 

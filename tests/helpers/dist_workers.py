@@ -176,6 +176,7 @@ def resume_dcp(rank: int, world: int, run: Path, out: Path) -> None:
         calls.append(1)
         through_dcp(*args)
 
+    # (typing) a value of another type, on purpose: what the library does with it is tested
     load_module._read_dcp = counted  # type: ignore[assignment]
     (out / "dcp").mkdir(exist_ok=True)
     resume(rank, world, run, out / "dcp")
@@ -365,12 +366,14 @@ def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
             def broken(info: object) -> None:
                 raise OSError(5, "on-commit work failed (injected)")
 
+            # (typing) a test double stands in for the method in this test, put back after
             ckpt._retention = broken  # type: ignore[method-assign]
         ckpt.save(3, state)
         try:
             ckpt.wait()
         except Exception as exc:
             errors.append(type(exc).__name__)
+        # (typing) a test double stands in for the method in this test, put back after
         ckpt._retention = real  # type: ignore[method-assign]
         ckpt.save(4, state).wait()  # the job goes on: no collective was left unmatched
     steps = {d: [c.step for c in sk.list_checkpoints(run / d)] for d in ("a", "b")}
@@ -392,6 +395,7 @@ def killed(rank: int, world: int, run: Path, out: Path, background: bool = False
         def die(*args: Any, **kwargs: Any) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)  # a hard kill, mid-save
 
+        # (typing) a test double stands in for the method in this test, put back after
         dcp_storage.ChunkWriter.write_data = die  # type: ignore[method-assign]
     try:
         if background:
@@ -440,12 +444,14 @@ def faults(rank: int, world: int, run: Path, out: Path) -> None:
         def refuse(self: Any, entry: str) -> Any:
             raise sk.errors.StorageError(5, f"{entry} is not visible here yet")
 
+        # (typing) a test double stands in for the method in this test, put back after
         sk.storage.LocalStorage.attach = refuse  # type: ignore[method-assign]
     try:
         sk.save(run, app_state(model, opt, {"step": 3}, None), step=3)
         data["attach"] = "saved"
     except Exception as exc:
         data["attach"] = type(exc).__name__
+    # (typing) a test double stands in for the method in this test, put back after
     sk.storage.LocalStorage.attach = real_attach  # type: ignore[method-assign]
     data["steps_after_attach"] = [i.step for i in sk.list_checkpoints(run)]
     # (b) the ranks' clocks disagree about EverySeconds: rank 0 decides for both

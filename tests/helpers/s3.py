@@ -45,6 +45,7 @@ def pause_after_first_upload() -> None:
         while True:
             time.sleep(60)  # killed here, with the step half uploaded
 
+    # (typing) a test double stands in for the method in this test, put back after
     fsspec_storage._FsspecFiles.write_chunks = then_wait  # type: ignore[method-assign]
 
 

@@ -104,6 +104,7 @@ def _run(argv: list[str], main: types.ModuleType) -> int:
     try:
         if argv[0] == "-m":
             sys.argv = ["-m", *argv[2:]]
+            # (typing) a private CPython hook: what `python -m` and interpreter exit run
             runpy._run_module_as_main(argv[1])  # type: ignore[attr-defined]  # what -m runs
         elif argv[0] == "-c":
             sys.argv = ["-c", *argv[2:]]
@@ -141,6 +142,7 @@ def _exit_status(exc: SystemExit) -> int:
 def _finish(code: int | None) -> None:
     """End as an interpreter does: join threads, run atexit, flush; None: die by SIGINT."""
     try:
+        # (typing) a private CPython hook: what `python -m` and interpreter exit run
         threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
     except BaseException:

@@ -24,6 +24,7 @@ def _kit(name: str) -> SimpleNamespace:
     """The Lightning package ``name``'s classes, and a module and a Trainer made with them."""
     pl = importlib.import_module(name)
 
+    # (typing) the framework package is bound at run time (lightning or pytorch_lightning)
     class Tiny(pl.LightningModule):  # type: ignore[name-defined]
         def __init__(self, width: int = 4) -> None:
             super().__init__()

@@ -16,6 +16,7 @@ L = pytest.importorskip("lightning")
 
 
 def _trainer(package: object, callbacks: list[object], plugins: list[object]) -> object:
+    # (typing) the framework package is bound at run time (lightning or pytorch_lightning)
     return package.Trainer(  # type: ignore[attr-defined]
         accelerator="cpu", logger=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=callbacks, plugins=plugins,
@@ -32,6 +33,7 @@ def test_with_both_packages_imported_either_trainer_takes_the_callback_and_the_p
     assert isinstance(callback, StatekeeperCallback) and callback.state_key == "StatekeeperCallback"  # type: ignore[attr-defined]
     for package in (pl, L):  # before: lightning's Trainer refused both ("invalid type")
         trainer = _trainer(package, [callback], [io])
+        # (typing) the framework package is bound at run time (lightning or pytorch_lightning)
         assert trainer.strategy.checkpoint_io is io  # type: ignore[attr-defined]
     again = pickle.loads(pickle.dumps(callback))  # ddp_spawn pickles the Trainer's callbacks
     assert type(again) is type(callback)
@@ -57,6 +59,7 @@ def test_load_from_checkpoint_uses_the_modules_own_package(tmp_path: Path) -> No
 
     from statekeeper.integrations.lightning import StatekeeperCheckpointIO, load_from_checkpoint
 
+    # (typing) the framework package is bound at run time (lightning or pytorch_lightning)
     class Unified(L.LightningModule):  # type: ignore[name-defined]
         def __init__(self, width: int = 3) -> None:
             super().__init__()

@@ -415,6 +415,7 @@ def test_like_finds_what_a_no_grad_forward_left_and_restores_init_values() -> No
 
 def test_activations_kept_by_a_hook_are_freed() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    # (typing) a value of another type, on purpose: what the library does with it is tested
     model.seen = []  # type: ignore[assignment]
     model[0].register_forward_hook(lambda m, i, o: model.seen.append(o))
     outs = [model(torch.randn(2, 4)) for _ in range(2)]
@@ -441,6 +442,7 @@ def test_a_mixed_container_and_a_tuple_state() -> None:
     model.conf["buf"] = torch.ones(2)
     h, c = torch.ones(1), torch.ones(1)
     model.state = (h, c)
+    # (typing) a value of another type, on purpose: what the library does with it is tested
     model.pair = (torch.ones(3), None)  # type: ignore[assignment]
     sk.clearing.clear_state(model)
     assert model.conf["scale"] == 2.0  # a container that also holds other values: left

@@ -113,6 +113,7 @@ def test_module_state_dict_metadata_survives() -> None:
     flat = flatten({"bn": sd})
     back = unflatten(json.loads(json.dumps(flat.skeleton)), flat.tensors.__getitem__)["bn"]
     assert isinstance(back, OrderedDict)
+    # (typing) OrderedDict's _metadata, set by state_dict() and untyped
     assert back._metadata == sd._metadata  # type: ignore[attr-defined]
 
 

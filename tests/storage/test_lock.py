@@ -75,6 +75,7 @@ def test_dataloader_workers_forked_during_a_background_save_hold_nothing(tmp_pat
     pending.wait()
     ckpt.close()
     try:
+        # (typing) the loader iterator's private worker list: whether they live is tested
         assert all(w.is_alive() for w in batches._workers)  # type: ignore[attr-defined]
         done = _other_process_takes_the_lock(tmp_path)
         assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import statekeeper as sk
-from statekeeper.loop import checkpointer as checkpointer_module
+from statekeeper.loop import saving as saving_module
 from statekeeper.storage.memory import MemoryStorage
 
 
@@ -87,7 +87,7 @@ def test_maybe_save_follows_the_policy_and_skips_committed_steps(tmp_path: Path)
 
 def test_every_seconds_uses_the_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
-    monkeypatch.setattr(checkpointer_module, "_clock", lambda: now[0])
+    monkeypatch.setattr(saving_module, "_clock", lambda: now[0])
     with sk.Checkpointer(tmp_path, every=sk.EverySeconds(10)) as ckpt:
         assert ckpt.maybe_save(1, {"x": 1}) is None
         now[0] = 10.0

@@ -25,7 +25,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import statekeeper as sk
 from statekeeper.distributed.group import checkpoint_group
-from statekeeper.loop import checkpointer as checkpointer_module
+from statekeeper.loop import saving as saving_module
 
 STEPS_BEFORE = 3
 STEPS_AFTER = 3
@@ -360,21 +360,21 @@ def async_writers(rank: int, world: int, run: Path, out: Path) -> None:
         for one in pending:
             one.wait()
         sk.save(run / "b", state, step=3, blocking=False).wait()
-        real = ckpt._retention
+        real = ckpt._saves._retention
         if rank == 0:
 
             def broken(info: object) -> None:
                 raise OSError(5, "on-commit work failed (injected)")
 
             # (typing) a test double stands in for the method in this test, put back after
-            ckpt._retention = broken  # type: ignore[method-assign]
+            ckpt._saves._retention = broken  # type: ignore[method-assign]
         ckpt.save(3, state)
         try:
             ckpt.wait()
         except Exception as exc:
             errors.append(type(exc).__name__)
         # (typing) a test double stands in for the method in this test, put back after
-        ckpt._retention = real  # type: ignore[method-assign]
+        ckpt._saves._retention = real  # type: ignore[method-assign]
         ckpt.save(4, state).wait()  # the job goes on: no collective was left unmatched
     steps = {d: [c.step for c in sk.list_checkpoints(run / d)] for d in ("a", "b")}
     report(out, "async_writers", rank, {"steps": steps, "errors": errors})
@@ -456,11 +456,11 @@ def faults(rank: int, world: int, run: Path, out: Path) -> None:
     data["steps_after_attach"] = [i.step for i in sk.list_checkpoints(run)]
     # (b) the ranks' clocks disagree about EverySeconds: rank 0 decides for both
     ticks = iter([0.0, 100.0 if rank == 0 else 10.0, 200.0])
-    checkpointer_module._clock, real_clock = lambda: next(ticks), checkpointer_module._clock
+    saving_module._clock, real_clock = lambda: next(ticks), saving_module._clock
     with sk.Checkpointer(run, every=sk.EverySeconds(60)) as ckpt:
         saved = ckpt.maybe_save(4, app_state(model, opt, {"step": 4}, None))
         data["policy"] = None if saved is None else saved.step
-    checkpointer_module._clock = real_clock
+    saving_module._clock = real_clock
     # (c) a mismatch on rank 1 only: every rank raises, none skips to an older step
     other = fsdp_model(world, seed=0) if rank == 0 else torch.nn.Linear(3, 3)
     with sk.Checkpointer(run) as ckpt:

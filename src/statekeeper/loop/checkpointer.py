@@ -8,9 +8,7 @@ loads the newest step that is intact.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import replace
+from collections.abc import Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
@@ -24,28 +22,24 @@ from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
-from statekeeper.checkpoint.request import SaveRequest
-from statekeeper.checkpoint.save import check_save, save_state
+from statekeeper.checkpoint.save import check_save
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import preempt
 from statekeeper.errors import InvalidArgumentError, StatekeeperError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.incremental.reuse import Incremental
 from statekeeper.loop.arguments import check_checkpointer_options
-from statekeeper.loop.damage import DamagedSteps
 from statekeeper.loop.held import Held
 from statekeeper.loop.mirror.config import Mirror, MirrorStatus
-from statekeeper.loop.retention import Retainer, RetentionStatus
+from statekeeper.loop.retention import RetentionStatus
 from statekeeper.loop.run_tiers import RunTiers
+from statekeeper.loop.saving import LoopSaves
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import Generator, RNGState
 
 __all__ = ["RNG_ENTRY", "Checkpointer"]
 
 RNG_ENTRY = "rng"
-
-_clock: Callable[[], float] = time.monotonic
-"""What ``EverySeconds`` is measured with (read at each use: the tests' seam for time)."""
 
 
 class Checkpointer:
@@ -56,9 +50,6 @@ class Checkpointer:
     ``PREEMPTED_EXIT_CODE`` (75, ``EX_TEMPFAIL``: try again) for a scheduler that requeues.
     The previous signal handlers come back on :meth:`close`.
 
-    ``every`` decides when :meth:`maybe_save` saves; ``keep`` which committed steps survive
-    (None keeps all); ``generators`` are ``torch.Generator`` / ``numpy.random.Generator``
-    objects the run draws from besides the global ones, saved and restored by name.
     With ``blocking=False``, ``save`` / ``maybe_save`` return once the tensors are copied to
     reusable host buffers and a background thread writes, commits and applies retention; a
     failure is raised by the next save, by :meth:`wait` and by :meth:`close`.
@@ -68,20 +59,18 @@ class Checkpointer:
     collective (see docs/distributed.md); rank 0 holds the lock, commits and applies
     retention. ``shard_bytes`` applies to single-process saves (each rank writes one file).
 
-    ``incremental`` and ``origin`` are :func:`statekeeper.save`'s (with ``Incremental.REUSE``
-    no tensor file is shared by every step ``keep`` keeps: ``docs/incremental.md``).
-
     Args:
         directory: The run directory: a path, a URL or a :class:`Storage`.
         keep: :class:`Retention` (``KeepLatest(3) | KeepBest(1, metric="loss")``...); ``None``
             keeps every step.
-        every: :class:`SavePolicy` deciding when :meth:`maybe_save` saves; ``None`` saves at
-            every call.
+        every: :class:`SavePolicy` deciding when :meth:`maybe_save` saves; without one,
+            ``maybe_save`` raises and only :meth:`save` saves.
         generators: Extra ``torch.Generator`` / ``numpy.random.Generator`` objects, by name.
         shard_bytes: The size at which tensor data starts a new file (single-process saves).
         blocking: ``False`` saves in the background, reusing host buffers from save to save.
         scope: :class:`Scope`: ``AUTO`` makes saves and loads collective in a job.
-        incremental: :class:`Incremental`, as for :func:`save`.
+        incremental: :class:`Incremental`, as for :func:`save` (with ``REUSE`` no tensor file
+            is shared by every step ``keep`` keeps: ``docs/incremental.md``).
         mirror: A :class:`Mirror`: a second tier every committed step is uploaded to.
         origin: :class:`Origin`, as for :func:`save`.
 
@@ -114,16 +103,15 @@ class Checkpointer:
         # in a distributed job rank 0 writes the directory (and holds its lock) for everyone
         self._leader = not self._distributed or collective().is_leader()
         self.keep = keep
-        self._retainer = Retainer(self.storage, keep)
-        self._damaged = DamagedSteps(self.storage)  # skipped by a resume: saved again
         self.every = every
         self.rng = RNGState(generators)
-        self._options = SaveOptions(
+        options = SaveOptions(
             shard_bytes=shard_bytes, incremental=incremental, origin=origin, retention=keep
         )
-        self._resumed_from: int | None = None
+        self._saves = LoopSaves(
+            self.storage, self._tiers, options, scope=scope, leader=self._leader, keep=keep
+        )
         self._last_restore: RestoreInfo | None = None
-        self._last_save = _clock()
         self._closed = False
         self.preempted = False
         # the lock first, the uploader and the signal handlers under it (loop/held.py)
@@ -188,9 +176,7 @@ class Checkpointer:
             scope=self._scope,
             on_optimizer_change=on_optimizer_change,
         )
-        if self._leader:
-            self._damaged.found(None if info is None else info.step)
-        self._restored(state, info)
+        self._restored(state, info, resumed=True)
         if info is not None:
             return info.step
         warn_if_foreign(self.storage)
@@ -240,7 +226,7 @@ class Checkpointer:
             scope=self._scope,
             on_optimizer_change=on_optimizer_change,
         )
-        self._restored(state, info)
+        self._restored(state, info, resumed=False)
         return info
 
     @property
@@ -249,13 +235,13 @@ class Checkpointer:
         before either, and after a ``restore_latest`` that found no step)."""
         return self._last_restore
 
-    def _restored(self, state: Mapping[str, Any], info: RestoreInfo | None) -> None:
+    def _restored(
+        self, state: Mapping[str, Any], info: RestoreInfo | None, *, resumed: bool
+    ) -> None:
         self._last_restore = info
-        if info is not None:
-            if isinstance(state, MutableMapping):  # plain values, as load assigns them
-                state.update(info.values)
-            self._resumed_from = info.step
-            self._last_save = _clock()
+        if info is not None and isinstance(state, MutableMapping):  # as load assigns them
+            state.update(info.values)
+        self._saves.restored(None if info is None else info.step, resumed=resumed)
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
@@ -285,8 +271,8 @@ class Checkpointer:
         if self._watch is not None:
             self._watch.warn_if_replaced()
         signalled = self._watch is not None and self._watch.fired
-        saved = self._damaged.saved(step)
-        due = self.every.should_save(step, _clock() - self._last_save) and not saved
+        saved = self._saves.saved_before(step)
+        due = self.every.should_save(step, self._saves.seconds_since_last()) and not saved
         if self._distributed:  # one collective: rank 0's clock and listing, any rank's signal
             due, signalled, saved = collective().decide(step, due, signalled, saved)
         if signalled:
@@ -348,34 +334,14 @@ class Checkpointer:
         overwrite: bool = False,
     ) -> CheckpointInfo | PendingSave:
         self._check_open()
-        self._tiers.before_save()
-        full = self._with_rng(state)
-        if is_distributed(self._scope, full) and not self._distributed:
-            writer = None  # made before the process group: its writer is a local one
-        if self._leader and step in self._damaged:  # a restart over damage: kept aside
-            self._wait_writer()
-            overwrite = self._damaged.set_aside(step) or overwrite
-        options = replace(self._options, overwrite=True) if overwrite else self._options
-        on_commit = self._retention if writer is not None else self._committed
-        result = save_state(
-            self.storage,
-            full,
-            SaveRequest(step, metrics, options, on_commit),
-            scope=self._scope,
-            writer=writer,
+        return self._saves.save(
+            step,
+            self._with_rng(state),
+            metrics,
+            writer,
+            overwrite=overwrite,
+            wait_writer=self._wait_writer,
         )
-        if writer is not None:  # a blocking save set the clock when it committed
-            self._last_save = _clock()
-        return result
-
-    def _committed(self, info: CheckpointInfo) -> None:
-        self._last_save = _clock()  # the step is saved, whatever retention does next
-        self._retention(info)
-
-    def _retention(self, info: CheckpointInfo) -> None:
-        if self._leader:  # in a job, rank 0 applies retention for everyone; never fails
-            self._retainer.apply(info.step, self._protected())  # a committed save: it warns
-        self._tiers.committed(info.step, self._scope)  # last: the upload starts now
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background save, then for the uploads to the mirror; raise the save's
@@ -406,12 +372,6 @@ class Checkpointer:
         if self._writer is not None:
             self._writer.wait()
 
-    def _protected(self) -> set[int]:
-        """Steps retention keeps besides the new one: the step resumed from, and those
-        waiting for their upload."""
-        resumed = set() if self._resumed_from is None else {self._resumed_from}
-        return resumed | self._tiers.pending()
-
     def retention_status(self) -> RetentionStatus:
         """The steps retention could not remove yet, with why (tried again at every save);
         empty without ``keep=`` or when every removal succeeded.
@@ -419,7 +379,7 @@ class Checkpointer:
         Returns:
             A :class:`RetentionStatus`: the :class:`PendingRemoval` of each step left.
         """
-        return self._retainer.status()
+        return self._saves.retention_status()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -49,7 +49,7 @@ NAMESPACES = {
         "inspect", "verify", "list_partial", "remove_partial", "InspectReport", "StepVerifyReport",
         "VerifyReport", "ForeignReport", "diff", "DiffReport", "TiedKeys",
     },
-    "conversion": {"convert", "export"},
+    "conversion": {"convert", "ConvertReport", "export", "ExportReport"},
     "clearing": {
         "clear_state", "register_clear_rule", "ClearReport", "Cleared", "ClearAction",
         "ClearMode", "ClearInclude",

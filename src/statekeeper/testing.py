@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from statekeeper.catalog.location import locate
-from statekeeper.checkpoint.policies import EverySteps
 from statekeeper.checkpoint.reader import read_step
 from statekeeper.checkpoint.save import save
+from statekeeper.checkpoint.save_policies import EverySteps
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.loop.checkpointer import RNG_ENTRY, Checkpointer
 from statekeeper.state.compare import BITWISE, state_difference

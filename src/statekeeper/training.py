@@ -7,8 +7,8 @@ Loaded on first use; see docs/training.md.
 
 from statekeeper.checkpoint.origin_level import Origin as Origin
 from statekeeper.checkpoint.pending import PendingSave as PendingSave
-from statekeeper.checkpoint.policies import Retention as Retention
-from statekeeper.checkpoint.policies import SavePolicy as SavePolicy
+from statekeeper.checkpoint.retention_policies import Retention as Retention
+from statekeeper.checkpoint.save_policies import SavePolicy as SavePolicy
 from statekeeper.loop.mirror.config import MirrorStatus as MirrorStatus
 from statekeeper.loop.retention import PendingRemoval as PendingRemoval
 from statekeeper.loop.retention import RetentionStatus as RetentionStatus

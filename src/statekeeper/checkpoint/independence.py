@@ -24,7 +24,7 @@ from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.catalog.listing import list_checkpoints
 from statekeeper.catalog.location import committed
 from statekeeper.catalog.naming import ParsedEntry, step_entry
-from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.format.values import Json
 from statekeeper.format.values_decode import decode_value
 from statekeeper.incremental.reuse import Previous, step_files

@@ -11,7 +11,7 @@ from statekeeper.arguments import require_bool, require_callable
 from statekeeper.checkpoint.checks import Strict
 from statekeeper.checkpoint.origin import library_versions, origin
 from statekeeper.checkpoint.origin_level import Origin, origin_level
-from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.incremental.marks import Mark

@@ -33,7 +33,7 @@ from typing import Any
 from statekeeper.catalog.info import CheckpointInfo, RestoreInfo
 from statekeeper.catalog.listing import list_checkpoints
 from statekeeper.checkpoint.load import load
-from statekeeper.checkpoint.policies import KeepLatest
+from statekeeper.checkpoint.retention_policies import KeepLatest
 from statekeeper.checkpoint.save import save
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from statekeeper.catalog.info import CheckpointInfo
-from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.errors import CorruptCheckpointError, StatekeeperWarning, user_stacklevel
 from statekeeper.format.checksum import Hasher
 from statekeeper.integrations.scoped_wrap import wrapped_while

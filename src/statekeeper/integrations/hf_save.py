@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from statekeeper.checkpoint.policies import KeepLatest, Retention
+from statekeeper.checkpoint.retention_policies import KeepLatest, Retention
 from statekeeper.checkpoint.save import save
 from statekeeper.checkpoint.scope import Scope
 from statekeeper.integrations import hf_layout, hf_loader, hf_parts

@@ -44,7 +44,7 @@ from torchtitan.components.checkpointer.base import (
 
 from statekeeper.catalog.listing import list_checkpoints
 from statekeeper.checkpoint.load import Strict, load
-from statekeeper.checkpoint.policies import KeepLatest
+from statekeeper.checkpoint.retention_policies import KeepLatest
 from statekeeper.distributed.per_rank import PerRank
 from statekeeper.errors import InvalidArgumentError, KeyMismatchError
 from statekeeper.integrations.titan_loader import DataParallelLoader

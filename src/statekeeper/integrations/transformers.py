@@ -45,7 +45,7 @@ from typing import Any
 
 from transformers import Trainer
 
-from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.integrations import hf_layout, hf_loader, hf_parts
 from statekeeper.integrations.hf_restore import CheckpointLoading

@@ -4,7 +4,8 @@ before anything is opened: each option of the wrong type is named with what it t
 from __future__ import annotations
 
 from statekeeper.arguments import require_bool, require_instance
-from statekeeper.checkpoint.policies import Retention, SavePolicy
+from statekeeper.checkpoint.retention_policies import Retention
+from statekeeper.checkpoint.save_policies import SavePolicy
 from statekeeper.loop.mirror.config import Mirror
 
 __all__ = ["check_checkpointer_options"]

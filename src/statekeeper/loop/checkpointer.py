@@ -21,8 +21,9 @@ from statekeeper.checkpoint.collective import collective
 from statekeeper.checkpoint.load import Strict, check_assignable
 from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
-from statekeeper.checkpoint.policies import Retention, SavePolicy, signals_of
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.checkpoint.save import check_save
+from statekeeper.checkpoint.save_policies import SavePolicy, signals_of
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.checkpoint.signals import preempt
 from statekeeper.errors import InvalidArgumentError, StatekeeperError

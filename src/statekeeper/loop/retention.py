@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from statekeeper.catalog.listing import list_checkpoints
 from statekeeper.catalog.location import committed
 from statekeeper.checkpoint.points import Point, reach
-from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.errors import StatekeeperWarning, StorageError, user_stacklevel
 from statekeeper.storage.base import Storage
 

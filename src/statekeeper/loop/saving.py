@@ -13,8 +13,8 @@ from typing import Any
 from statekeeper.catalog.info import CheckpointInfo
 from statekeeper.checkpoint.async_save import AsyncWriter, PendingSave
 from statekeeper.checkpoint.options import SaveOptions
-from statekeeper.checkpoint.policies import Retention
 from statekeeper.checkpoint.request import SaveRequest
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.checkpoint.save import save_state
 from statekeeper.checkpoint.scope import Scope, is_distributed
 from statekeeper.loop.damage import DamagedSteps

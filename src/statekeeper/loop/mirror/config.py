@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from statekeeper.arguments import require_count, require_instance, require_path, require_seconds
 from statekeeper.catalog.location import PathOrStorage
-from statekeeper.checkpoint.policies import Retention
+from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.storage.base import Storage
 

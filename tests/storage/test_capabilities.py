@@ -11,10 +11,11 @@ import torch
 import statekeeper as sk
 from statekeeper.averaging.offline import average_checkpoints
 from statekeeper.catalog.location import locate
-from statekeeper.storage.base import Capabilities, Storage, capabilities_of
+from statekeeper.storage.base import Storage
 from statekeeper.storage.fsspec import FsspecStorage
 from statekeeper.storage.local import LocalStorage
 from statekeeper.storage.memory import MemoryStorage
+from statekeeper.storage.optional import Capabilities, capabilities_of
 
 pytest.importorskip("fsspec")
 

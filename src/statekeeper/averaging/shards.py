@@ -15,7 +15,7 @@ from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.safetensors_header import Header
 from statekeeper.format.safetensors_io import parse
-from statekeeper.storage.base import capabilities_of
+from statekeeper.storage.optional import capabilities_of
 
 __all__ = ["Shards", "file_of"]
 

@@ -11,8 +11,9 @@ from statekeeper.catalog.naming import EntryKind, ParsedEntry, parse_entry, step
 from statekeeper.catalog.paths import checked_path
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError, StepNotFoundError
 from statekeeper.format.manifest import MANIFEST
-from statekeeper.storage.base import Storage, capabilities_of
+from statekeeper.storage.base import Storage
 from statekeeper.storage.local import LocalStorage
+from statekeeper.storage.optional import capabilities_of
 from statekeeper.storage.urls import is_url, storage_for_url
 
 __all__ = [

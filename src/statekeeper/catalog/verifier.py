@@ -22,7 +22,7 @@ from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.progress import Progress
-from statekeeper.storage.base import capabilities_of
+from statekeeper.storage.optional import capabilities_of
 
 __all__ = [
     "THREAD_FROM",

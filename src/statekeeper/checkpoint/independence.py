@@ -28,7 +28,8 @@ from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.format.values import Json
 from statekeeper.format.values_decode import decode_value
 from statekeeper.incremental.reuse import Previous, step_files
-from statekeeper.storage.base import Storage, identity_of
+from statekeeper.storage.base import Storage
+from statekeeper.storage.optional import identity_of
 
 __all__ = ["CANDIDATES", "link_source"]
 

@@ -26,7 +26,7 @@ from statekeeper.errors import (
 )
 from statekeeper.format.manifest import MANIFEST
 from statekeeper.state.optimizer import OptimizerChange
-from statekeeper.storage.base import fingerprint_of
+from statekeeper.storage.optional import fingerprint_of
 
 __all__ = [
     "Strict",

@@ -34,14 +34,8 @@ from statekeeper.format.checksum import Hasher, matches
 from statekeeper.format.manifest import FileRecord
 from statekeeper.format.safetensors_io import ShardLayout, stream
 from statekeeper.incremental.marks import Mark, Memo, Seen
-from statekeeper.storage.base import (
-    FileWriter,
-    Opened,
-    Storage,
-    checked_reuser_of,
-    fingerprint_of,
-    reuser_of,
-)
+from statekeeper.storage.base import FileWriter, Storage
+from statekeeper.storage.optional import Opened, checked_reuser_of, fingerprint_of, reuser_of
 
 __all__ = [
     "Incremental",

@@ -32,8 +32,9 @@ from statekeeper.errors import (
     StatekeeperError,
     StorageError,
 )
-from statekeeper.storage.base import Capabilities, EntryWriter
+from statekeeper.storage.base import EntryWriter
 from statekeeper.storage.files import check_name
+from statekeeper.storage.optional import Capabilities
 from statekeeper.storage.store_clients import bounded_options, filesystem
 from statekeeper.storage.store_errors import Produced, guarded, translated
 from statekeeper.storage.store_replace import recover, set_aside

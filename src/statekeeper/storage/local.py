@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from statekeeper.errors import CorruptCheckpointError, StorageError
-from statekeeper.storage.base import Capabilities, EntryWriter
+from statekeeper.storage.base import EntryWriter
 from statekeeper.storage.commit import (
     DAMAGED,
     PARTIAL,
@@ -36,6 +36,7 @@ from statekeeper.storage.files import (
     regular_size,
 )
 from statekeeper.storage.lock import LOCK_FILE, RunLock
+from statekeeper.storage.optional import Capabilities
 
 __all__ = [
     "DAMAGED",

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from statekeeper.errors import StorageError, WriterConflictError
-from statekeeper.storage.base import Capabilities, EntryWriter
+from statekeeper.storage.base import EntryWriter
+from statekeeper.storage.optional import Capabilities
 
 __all__ = ["InjectedFailure", "MemoryStorage"]
 

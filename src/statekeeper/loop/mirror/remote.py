@@ -20,8 +20,9 @@ from statekeeper.catalog.location import resolve_storage
 from statekeeper.errors import InvalidArgumentError, StorageError
 from statekeeper.loop.mirror.config import Mirror
 from statekeeper.loop.mirror.upload import Transfer
-from statekeeper.storage.base import Capabilities, Storage, Transaction, capabilities_of
+from statekeeper.storage.base import Storage, Transaction
 from statekeeper.storage.fsspec import FsspecStorage
+from statekeeper.storage.optional import Capabilities, capabilities_of
 from statekeeper.storage.places import same_place
 
 __all__ = ["Retrying", "mirror_storage", "within"]

@@ -47,7 +47,8 @@ NAMESPACES = {
     },
     "audit": {
         "inspect", "verify", "list_partial", "remove_partial", "InspectReport", "StepVerifyReport",
-        "VerifyReport", "ForeignReport", "diff", "DiffReport", "TiedKeys",
+        "VerifyReport", "ForeignReport", "diff", "DiffReport", "TiedKeys", "ParsedEntry",
+        "EntryKind",
     },
     "conversion": {"convert", "ConvertReport", "export", "ExportReport"},
     "clearing": {

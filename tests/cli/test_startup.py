@@ -42,3 +42,30 @@ def test_ls_inspect_verify_and_help_never_import_torch(tmp_path: Path) -> None:
         assert done.returncode == 0, (args, done.stderr[-2000:])
         assert "was imported" not in done.stderr
     assert "verified" in _run("verify", step).stdout
+
+
+API_CHILD = (
+    REFUSE_TORCH
+    + r"""
+import statekeeper as sk
+run = sys.argv[1]
+report = sk.audit.verify(run)
+held = sk.audit.inspect(run)
+partial = sk.audit.list_partial(run)
+steps = sk.list_checkpoints(run)
+print(report.ok, held.step, len(partial), [c.step for c in steps])
+"""
+)
+
+
+def test_the_audit_namespace_reads_steps_without_torch(tmp_path: Path) -> None:
+    """``sk.audit``'s verify, inspect and list_partial (and the root's list_checkpoints) of
+    statekeeper steps, from Python: the namespace loads each name on first use, so touching
+    ``sk.audit`` does not import ``diff`` (which needs torch)."""
+    sk.save(tmp_path, {"model": torch.nn.Linear(2, 2), "epoch": 1}, step=3)
+    done = subprocess.run(
+        [sys.executable, "-c", API_CHILD, str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "3", "0", "[3]"]

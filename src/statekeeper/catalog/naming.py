@@ -16,6 +16,8 @@ _PATTERN = re.compile(r"step_(\d+)(?:\.(partial|replaced|removing|damaged)-([0-9
 
 
 class EntryKind(StrEnum):
+    """What an entry of a run directory is, from its name."""
+
     COMMITTED = "committed"
     PARTIAL = "partial"
     REPLACED = "replaced"
@@ -25,6 +27,9 @@ class EntryKind(StrEnum):
 
 @dataclass(frozen=True)
 class ParsedEntry:
+    """One entry of a run directory, as its name tells: the entry's ``name``
+    (``step_000000300.partial-1f2e...``), the ``step`` it belongs to and its ``kind``."""
+
     name: str
     step: int
     kind: EntryKind

@@ -43,12 +43,12 @@ from statekeeper.distributed.state import (
     split,
 )
 from statekeeper.errors import (
-    CorruptCheckpointError,
     RankFailure,
     StatekeeperError,
     StatekeeperWarning,
     user_stacklevel,
 )
+from statekeeper.format.malformed import FormatError, corrupt
 from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.state.tree import unflatten
 from statekeeper.storage.base import Storage
@@ -93,7 +93,7 @@ def _saved_per_rank(manifest: Manifest, rank: int, lookup: Any) -> dict[str, Any
         return {}
     mine = unflatten(ranks[rank], lookup)
     if not isinstance(mine, dict):
-        raise ValueError("per-rank state is not a mapping")
+        raise FormatError("per-rank state is not a mapping")
     return mine
 
 
@@ -164,14 +164,15 @@ def _decode(plan: ReadPlan, rank: int) -> BaseException | None:
     try:
         unread = plan.unread()
         if unread:
-            raise ValueError(f"the stored chunks do not cover {', '.join(unread[:5])}")
+            raise FormatError(f"the stored chunks do not cover {', '.join(unread[:5])}")
         decoded = unflatten(plan.manifest.state, plan.lookup)
         if not isinstance(decoded, dict):
-            raise ValueError("state is not a mapping")
+            raise FormatError("state is not a mapping")
         plan.decoded = (_prune(decoded), _saved_per_rank(plan.manifest, rank, plan.lookup))
-    except (ValueError, TypeError, RuntimeError) as exc:
-        path = plan.location.path(MANIFEST)
-        return CorruptCheckpointError(path, f"state is malformed: {exc}")
+    except FormatError as exc:  # only a crafted manifest; a bug in the code is not damage
+        error = corrupt(plan.location.path(MANIFEST), exc, "state is malformed: {}")
+        error.__cause__ = exc  # returned to be agreed on by every rank, then raised
+        return error
     except BaseException as exc:
         return exc
     return None

@@ -69,6 +69,46 @@ def test_a_second_save_into_the_directory_while_one_runs_is_refused(gated: Gated
     assert [c.step for c in sk.list_checkpoints(gated)] == [1, 2]
 
 
+class GatedLocal(sk.storage.LocalStorage):
+    """A local run directory whose writes begin only once ``gate`` is set."""
+
+    def __init__(self, root: Any) -> None:
+        super().__init__(root)
+        self.gate = threading.Event()
+
+    def begin(self, entry: str, *, replace: bool = False) -> Any:
+        if not self.gate.wait(timeout=120):  # a hang guard only
+            raise TimeoutError("the test never opened the gate")
+        return super().begin(entry, replace=replace)
+
+
+def test_one_local_storage_object_takes_one_save_at_a_time(tmp_path: Any) -> None:
+    """The local writer lock is re-entrant for its object (a Checkpointer's clean-up runs
+    under the lock it holds), but a save through ``sk.save`` takes it for itself alone: a
+    second save through the same object, a clean-up that would delete the running save's
+    partial entry, and a Checkpointer on the object are refused while it runs."""
+    storage = GatedLocal(tmp_path)
+    first = sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)
+    try:
+        for attempt in (
+            lambda: sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False),
+            lambda: sk.save(storage, {"x": torch.ones(3)}, step=2),
+            lambda: sk.audit.remove_partial(storage),
+            lambda: sk.Checkpointer(storage),
+        ):
+            with pytest.raises(sk.errors.WriterConflictError, match="same storage object"):
+                attempt()
+    finally:
+        storage.gate.set()
+    assert first.wait().step == 1
+    sk.save(storage, {"x": torch.ones(3)}, step=2)  # its turn now
+    with sk.Checkpointer(storage) as ckpt:
+        with pytest.raises(sk.errors.WriterConflictError, match="same storage object"):
+            sk.save(storage, {"x": torch.ones(3)}, step=3)  # not a second writer beside it
+        ckpt.save(3, {"x": torch.ones(3)})
+    assert [c.step for c in sk.list_checkpoints(tmp_path)] == [1, 2, 3]
+
+
 def test_a_save_dropped_while_it_runs_warns_naming_its_step_and_still_commits(
     gated: Gated,
 ) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from statekeeper.errors import InvalidArgumentError, StatekeeperError, StorageError
 from statekeeper.storage.base import Storage
+from statekeeper.storage.optional import exclusive_lock_of
 
 __all__ = ["checked_path", "writer_lock"]
 
@@ -107,12 +108,14 @@ class writer_lock:
     the same errno, naming the directory and the fix. Errors raised while it is held pass
     through unchanged."""
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, *, exclusive: bool = False) -> None:
         self._storage = storage
+        self._exclusive = exclusive  # one save alone: see storage.optional.exclusive_lock_of
         self._held: Any = None
 
     def __enter__(self) -> None:
-        held = self._storage.writer_lock()
+        take = exclusive_lock_of(self._storage) if self._exclusive else None
+        held = (take or self._storage.writer_lock)()
         try:
             held.__enter__()
         except StatekeeperError:

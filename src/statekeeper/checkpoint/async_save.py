@@ -159,12 +159,16 @@ class AsyncWriter:
         """Stage ``prepared`` and write it in the background (see the module docstring);
         ``lock`` is held by the background write until it ends."""
         self.wait()
-        check_step(storage, step, options.overwrite)
-        with collector_paused():  # boxed: dropped once written, even if a traceback stays
-            snapshot = [replace(prepared, stored=self._stage(prepared))]
         stack = ExitStack()
-        if lock is not None:
+        if lock is not None:  # first: a refused save copies nothing into host memory
             stack.enter_context(lock)
+        try:
+            check_step(storage, step, options.overwrite)
+            with collector_paused():  # boxed: dropped once written, even if a traceback stays
+                snapshot = [replace(prepared, stored=self._stage(prepared))]
+        except BaseException:
+            stack.close()
+            raise
 
         def work() -> CheckpointInfo:
             with stack:

@@ -171,8 +171,9 @@ matches. Empty again in a forked child."""
 
 def _one_off_writer(distributed: bool) -> AsyncWriter:
     """A writer of one background save, owned by the ``PendingSave`` it returns: nothing in
-    the process remembers it (two saves into one run directory at once are refused by the
-    directory's writer lock, held by the first until it is written: the caller waits)."""
+    the process remembers it. A second save into the run directory while the first is
+    written is refused (``WriterConflictError``) by the directory's writer lock, which the
+    first holds until it is committed; the caller waits for the first before saving again."""
     return (
         collective().async_writer(Staging.RELEASE) if distributed else AsyncWriter(Staging.RELEASE)
     )
@@ -309,5 +310,6 @@ def save(
         SaveRequest(step, metrics, options),
         scope=scope,
         writer=None if blocking else _one_off_writer(distributed),
-        lock=None if distributed else writer_lock(storage),  # a job's save: rank 0 locks
+        # one save alone, even through a Storage object already writing; a job's: rank 0's
+        lock=None if distributed else writer_lock(storage, exclusive=True),
     )

@@ -257,3 +257,8 @@ class LocalStorage:
     def writer_lock(self) -> AbstractContextManager[None]:
         """Reentrant for this object; exclusive against every other process and object."""
         return self._lock.held()
+
+    def exclusive_writer_lock(self) -> AbstractContextManager[None]:
+        """The writer lock for one save alone: refused while this object holds it already,
+        and not re-entered while held (:mod:`statekeeper.storage.optional`)."""
+        return self._lock.held(exclusive=True)

@@ -48,6 +48,7 @@ class _Held:
     fd: int
     owner: RunLock
     depth: int
+    exclusive: bool = False  # taken by one save alone: not re-entered, even by its owner
 
 
 _mutex = threading.Lock()
@@ -100,11 +101,22 @@ class RunLock:
         return held if held is not None and held.owner is self else None
 
     @contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, *, exclusive: bool = False) -> Iterator[None]:
+        """Hold the lock. ``exclusive``: for one save alone (``statekeeper.save``), refused
+        while this object holds it already (a Checkpointer, another save still running), and
+        refusing every re-entry while it is held (a clean-up would remove its partial entry)."""
         with _mutex:
             mine = self._mine()
+            if mine is not None and (exclusive or mine.exclusive):
+                raise _conflict(
+                    self._root,
+                    f"this process (pid {os.getpid()}): a save through the same storage object "
+                    "is still running, or a Checkpointer on it is open; wait for that save "
+                    "(PendingSave.wait()) or close the Checkpointer first",
+                )
             if mine is None:
                 mine = self._acquire()
+                mine.exclusive = exclusive
             mine.depth += 1
             generation = _generation
         try:

@@ -30,12 +30,13 @@ ask it, never the backend's class.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
     "Capabilities", "CheckedReuse", "Opened", "Reuse", "capabilities_of", "checked_reuser_of",
-    "fingerprint_of", "identity_of", "reuser_of",
+    "exclusive_lock_of", "fingerprint_of", "identity_of", "reuser_of",
 ]  # fmt: skip
 
 
@@ -122,3 +123,11 @@ def capabilities_of(storage: object) -> Capabilities:
     """What ``storage`` declares it can do (its ``capabilities``), or nothing special."""
     declared = getattr(storage, "capabilities", None)
     return declared if isinstance(declared, Capabilities) else Capabilities()
+
+
+def exclusive_lock_of(storage: object) -> Callable[[], AbstractContextManager[None]] | None:
+    """``storage.exclusive_writer_lock`` where the backend has one: the writer lock taken for
+    one save alone, which even the object that holds the lock already cannot re-enter (a
+    local directory's lock is re-entrant for its object, so that a Checkpointer's clean-up
+    runs under the lock it holds). A backend without it gives its ``writer_lock``."""
+    return _optional(storage, "exclusive_writer_lock")

@@ -30,6 +30,10 @@ class Stateful(Protocol):
 
         Args:
             state_dict: The state as saved.
+
+        Returns:
+            Whatever the method returns (most return None, a torch module its missing and
+            unexpected keys); statekeeper does not use it.
         """
         ...
 

@@ -87,12 +87,33 @@ def _load_reference(ref: str) -> Callable[[], Run]:
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     """The key path of the first difference between two states, bitwise (``-0.0`` is not
     ``0.0``, a NaN tensor element equals one with the same bits), or None
-    (:func:`statekeeper.state.compare.state_difference`)."""
+    (:func:`statekeeper.state.compare.state_difference`).
+
+    Mappings compare by key (in any order), lists and tuples by position.
+
+    Args:
+        a: One nested state (dicts, lists, tuples of tensors, arrays and plain values).
+        b: The other.
+        path: The key path of ``a`` and ``b`` themselves, prefixed to the paths reported;
+            ``""`` for the root.
+
+    Returns:
+        The first difference's key path with what differs there (``"model/w: tensor values
+        differ"``), or None when the states are bitwise equal.
+    """
     return state_difference(a, b, path, BITWISE)
 
 
 def assert_state_equal(a: Any, b: Any) -> None:
-    """Assert two nested states are bitwise equal; the message names the first difference."""
+    """Assert two nested states are bitwise equal; the message names the first difference.
+
+    Args:
+        a: One nested state.
+        b: The other, compared as :func:`first_difference` does.
+
+    Raises:
+        AssertionError: The states differ.
+    """
     found = first_difference(a, b)
     if found:
         raise AssertionError(f"states differ at {found}")
@@ -206,7 +227,28 @@ def assert_resumes_exactly(
     With ``world_size`` > 1 each of the three runs is a job of that many processes on this
     machine (``torch.distributed`` initialized with ``backend`` before ``make_run``, which
     builds its sharded or DDP model itself); every rank is killed at ``stop_at``, and every
-    rank's final state (its per-rank RNG and loader entries included) must match."""
+    rank's final state (its per-rank RNG and loader entries included) must match.
+
+    Args:
+        make_run: A module-level function that builds the run from scratch and returns its
+            :class:`Run` (imported by name in each child process).
+        steps: The number of training steps of every run (>= 1).
+        stop_at: The step (or steps, each tried in turn) after whose save the run is
+            killed, each from 0 (before any step) to ``steps``.
+        workdir: Where to put the temporary run directories; None: the system's temporary
+            directory.
+        timeout: The seconds a process of each run may take.
+        world_size: The number of processes of each run (>= 1).
+        backend: The ``torch.distributed`` backend when ``world_size`` > 1.
+
+    Raises:
+        AssertionError: A run failed, the run to be stopped did not die by SIGKILL, or the
+            resumed run ends differently from the uninterrupted one (naming the first
+            differing key).
+        InvalidArgumentError: ``make_run`` is not an importable module-level function, or
+            ``steps``, ``stop_at`` or ``world_size`` is out of range.
+        subprocess.TimeoutExpired: A process of a run took longer than ``timeout``.
+    """
     ref = _reference(make_run)
     stops = [stop_at] if isinstance(stop_at, int) else list(stop_at)
     if type(world_size) is not int or world_size < 1:
@@ -264,6 +306,14 @@ def assert_checkpoint_safe(factory: Callable[[], Any], *, allow: Sequence[str] =
 
     ``factory`` returns a model or a dict (``model``, ``optimizer``, ``example_input``...);
     ``allow`` lists rule ids to accept (e.g. ``["SK003"]``). Info findings never fail.
+
+    Args:
+        factory: What builds the model, or the dict of what is checkpointed, to check.
+        allow: Rule ids whose findings do not fail.
+
+    Raises:
+        AssertionError: The doctor found an error or warning of a rule not in ``allow``
+            (the message lists them).
     """
     from statekeeper.doctor.finding import Severity  # the doctor imports this module
     from statekeeper.doctor.run import run

@@ -220,7 +220,11 @@ class AveragedModel(nn.Module):
 
     def torch_state_dict(self) -> dict[str, Any]:
         """This average's state in the layout ``torch.optim.swa_utils.AveragedModel`` loads
-        strictly: the same entries without ``n_calls`` (torch counts only ``n_averaged``)."""
+        strictly: the same entries without ``n_calls`` (torch counts only ``n_averaged``).
+
+        Returns:
+            This module's ``state_dict()`` without its ``n_calls`` entry.
+        """
         state = self.state_dict()
         state.pop("n_calls")
         return state

@@ -97,7 +97,11 @@ class PendingSave:
         self.step = outcome.step
 
     def done(self) -> bool:
-        """Whether the save has ended (committed or failed); never blocks."""
+        """Whether the save has ended (committed or failed); never blocks.
+
+        Returns:
+            True once the save has committed or failed, False while it still runs.
+        """
         return self._outcome.event.is_set()
 
     @property
@@ -110,7 +114,14 @@ class PendingSave:
 
     def wait(self) -> CheckpointInfo:
         """Block until the step is committed and return its ``CheckpointInfo``; raise the
-        save's error if it failed."""
+        save's error if it failed.
+
+        Returns:
+            The committed step's :class:`CheckpointInfo`.
+
+        Raises:
+            BaseException: The save's own error (the one :attr:`error` gives), when it failed.
+        """
         outcome = self._outcome
         outcome.event.wait()
         outcome.reported = True

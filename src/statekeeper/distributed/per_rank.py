@@ -33,6 +33,15 @@ class PerRank:
         return self.obj.state_dict()
 
     def load_state_dict(self, state: Any) -> Any:
+        """Restore the wrapped object in place from this rank's saved state.
+
+        Args:
+            state: This rank's state, as the wrapped object's ``state_dict`` returned it.
+
+        Returns:
+            What the wrapped object's ``load_state_dict`` returns (a torch module: its
+            missing and unexpected keys).
+        """
         return self.obj.load_state_dict(state)
 
     def __repr__(self) -> str:

@@ -48,7 +48,12 @@ class ForeignReport:
 
     def to_json(self) -> dict[str, Any]:
         """The ``statekeeper inspect --json`` document: the rows with the columns a foreign
-        checkpoint has (key, shape, dtype, bytes, alias_of; key, type, value)."""
+        checkpoint has (key, shape, dtype, bytes, alias_of; key, type, value).
+
+        Returns:
+            A JSON-able dict: ``path``, ``format``, the ``files``, ``tensors`` and ``values``
+            rows, ``tensor_bytes`` and ``file_bytes``.
+        """
         return {
             "path": self.path,
             "format": self.format,

@@ -151,7 +151,15 @@ class FsspecStorage:
         tried once (the caller retries). Applied to s3fs (``s3://``): botocore's
         ``connect_timeout``/``read_timeout``, its retries and s3fs's own off. Other back-ends
         keep the timeouts given in their ``storage_options``: this storage itself
-        (:mod:`statekeeper.storage.store_clients`)."""
+        (:mod:`statekeeper.storage.store_clients`).
+
+        Args:
+            seconds: How long a request may go without progress before it gives up.
+
+        Returns:
+            A new ``FsspecStorage`` of the same run directory with those timeouts (s3fs), or
+            this storage itself for any other back-end.
+        """
         options = bounded_options(self.fs, self.options, seconds)
         if options is None:
             return self
@@ -198,7 +206,15 @@ class FsspecStorage:
         that level only (an object store's delimited listing: a page per 1,000 names,
         whatever the entries hold), never served from a cache. Unlike :meth:`entries` it
         does not say which are committed: :meth:`is_committed` asks, one request an entry,
-        for the entries a caller needs (the newest step, on a resume)."""
+        for the entries a caller needs (the newest step, on a resume).
+
+        Returns:
+            The names of the directories directly under the run directory, sorted (none when
+            it does not exist).
+
+        Raises:
+            StorageError: The store could not be listed.
+        """
         self.fs.invalidate_cache(self.root)
         try:
             listed = self.fs.ls(self.root, detail=True)
@@ -210,7 +226,18 @@ class FsspecStorage:
 
     @translated("looking for")
     def is_committed(self, entry: str) -> bool:
-        """Whether ``entry`` holds its commit marker now (one request, never cached)."""
+        """Whether ``entry`` holds its commit marker now (one request, never cached).
+
+        Args:
+            entry: The entry to ask about (a name :meth:`entries` reports with the
+                ``.partial-0`` suffix is asked under its name without it).
+
+        Returns:
+            True when the entry's commit marker exists.
+
+        Raises:
+            StorageError: The store could not be asked.
+        """
         marker = self.path(self._real(entry), self.marker)
         self.fs.invalidate_cache(marker)
         return bool(self.fs.exists(marker))
@@ -246,7 +273,16 @@ class FsspecStorage:
         return info
 
     def fingerprint(self, entry: str, name: str) -> object | None:
-        """The object's ETag (a new one with every write) where the store gives one."""
+        """The object's ETag (a new one with every write) where the store gives one.
+
+        Args:
+            entry: The entry that holds the file.
+            name: The file's name.
+
+        Returns:
+            ``(ETag, size)``, or None when the store gives no ETag or the file cannot be
+            described (absent, unreachable, not a regular file).
+        """
         try:
             info = self._info(entry, name, fresh=True)
         except (OSError, StatekeeperError):
@@ -277,7 +313,11 @@ class FsspecStorage:
 
     def recover(self) -> list[str]:
         """Under the writer lock: put back the entries an interrupted overwrite set aside
-        (:func:`statekeeper.storage.store_replace.recover`)."""
+        (:func:`statekeeper.storage.store_replace.recover`).
+
+        Returns:
+            The names of the entries put back.
+        """
         return recover(self)
 
     def attach(self, entry: str) -> _FsspecFiles:

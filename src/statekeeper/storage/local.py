@@ -194,7 +194,16 @@ class LocalStorage:
 
     def identity(self, entry: str, name: str) -> object | None:
         """(device, inode): the same for two names of one file (hard links share their data,
-        so a damage to one is a damage to all); None when it cannot be told."""
+        so a damage to one is a damage to all); None when it cannot be told.
+
+        Args:
+            entry: The entry that holds the file.
+            name: The file's name.
+
+        Returns:
+            ``(device, inode)`` of the file (a link itself is not followed), or None when it
+            cannot be stat'ed.
+        """
         try:
             st = os.stat(self.root / entry / name, follow_symlinks=False)
         except OSError:
@@ -241,7 +250,14 @@ class LocalStorage:
     def recover(self) -> list[str]:
         """Put back under its own name each committed entry an interrupted overwrite set
         aside (``<entry>.replaced-<id>`` where no ``<entry>`` exists); the names put back.
-        The caller holds the writer lock (see :mod:`statekeeper.storage.commit`)."""
+        The caller holds the writer lock (see :mod:`statekeeper.storage.commit`).
+
+        Returns:
+            The names of the entries put back.
+
+        Raises:
+            StorageError: An entry could not be renamed back.
+        """
         try:
             return recover(self.root)
         except OSError as exc:
@@ -251,7 +267,18 @@ class LocalStorage:
 
     def set_aside(self, entry: str, label: str) -> str:
         """Rename the committed ``entry`` to ``<entry>.<label>-<id>`` (kept, no longer
-        committed); the new name. The caller holds the writer lock."""
+        committed); the new name. The caller holds the writer lock.
+
+        Args:
+            entry: The committed entry to set aside.
+            label: The word its new name carries (``"damaged"`` for a damaged step).
+
+        Returns:
+            The entry's new name, ``<entry>.<label>-<id>``.
+
+        Raises:
+            StorageError: The entry could not be renamed.
+        """
         return set_aside(self.root, entry, label)
 
     def writer_lock(self) -> AbstractContextManager[None]:

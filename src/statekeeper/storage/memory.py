@@ -118,7 +118,12 @@ class MemoryStorage:
             raise InjectedFailure(f"injected failure at operation {index} ({kind})")
 
     def copy(self) -> MemoryStorage:
-        """An independent copy of the contents (unlocked, no failure armed, same op count)."""
+        """An independent copy of the contents (unlocked, no failure armed, same op count).
+
+        Returns:
+            A new ``MemoryStorage`` with the same name, entries (live and durable) and
+            operation count; changing one never changes the other.
+        """
         other = MemoryStorage(name=self._name)
         other.operations = self.operations
         dirs = {
@@ -171,7 +176,15 @@ class MemoryStorage:
             raise FileNotFoundError(self.describe(entry, name)) from None
 
     def fingerprint(self, entry: str, name: str) -> object | None:
-        """The file's write stamp (a new one for every write, process-wide)."""
+        """The file's write stamp (a new one for every write, process-wide).
+
+        Args:
+            entry: The entry that holds the file.
+            name: The file's name.
+
+        Returns:
+            ``(entry, name, stamp)``, or None when the entry or file does not exist.
+        """
         found = self._live.get(entry)
         stamp = None if found is None else found.stamps.get(name)
         return None if stamp is None else (entry, name, stamp)
@@ -189,7 +202,19 @@ class MemoryStorage:
             self._durable_root.pop(entry, None)
 
     def write_file(self, entry: str, name: str, data: bytes) -> None:
-        """Replace a committed file's bytes durably (for corruption tests)."""
+        """Replace a committed file's bytes durably (for corruption tests).
+
+        Counted as no operation, and the file keeps its write stamp: :meth:`fingerprint`
+        says the same as before, as for a file damaged in place.
+
+        Args:
+            entry: The entry that holds the file.
+            name: The file's name (created when the entry has none of that name).
+            data: The file's new bytes.
+
+        Raises:
+            FileNotFoundError: ``entry`` does not exist.
+        """
         d = self._dir(entry)
         d.files[name] = d.durable_files[name] = bytes(data)
         d.durable_names.add(name)

@@ -36,9 +36,9 @@ from typing import Any
 from statekeeper.catalog.location import locate
 from statekeeper.checkpoint.reader import read_step
 from statekeeper.checkpoint.save import save
-from statekeeper.checkpoint.save_policies import EverySteps
 from statekeeper.errors import InvalidArgumentError
 from statekeeper.loop.checkpointer import RNG_ENTRY, Checkpointer
+from statekeeper.loop.save_policies import EverySteps
 from statekeeper.state.compare import BITWISE, state_difference
 from statekeeper.state.rng import Generator, RNGState
 

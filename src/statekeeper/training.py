@@ -8,10 +8,10 @@ Loaded on first use; see docs/training.md.
 from statekeeper.checkpoint.origin_level import Origin as Origin
 from statekeeper.checkpoint.pending import PendingSave as PendingSave
 from statekeeper.checkpoint.retention_policies import Retention as Retention
-from statekeeper.checkpoint.save_policies import SavePolicy as SavePolicy
 from statekeeper.loop.mirror.config import MirrorStatus as MirrorStatus
 from statekeeper.loop.retention import PendingRemoval as PendingRemoval
 from statekeeper.loop.retention import RetentionStatus as RetentionStatus
+from statekeeper.loop.save_policies import SavePolicy as SavePolicy
 from statekeeper.progress import Progress as Progress
 from statekeeper.state.optimizer import OptimizerChange as OptimizerChange
 

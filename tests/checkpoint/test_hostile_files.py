@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from tests.helpers.hostile import (
     ENTRY,
     MANIFEST,
@@ -127,6 +128,32 @@ def test_deeply_nested_metrics_are_damage(tmp_path: Path) -> None:
     rewrite_manifest(run / ENTRY, lambda t: t.replace('"metrics":{}', f'"metrics":{{"x":{deep}}}'))
     infos = sk.list_checkpoints(run)
     assert infos[0].error is not None and "metrics are nested deeper" in infos[0].error
+
+
+@pytest.mark.parametrize(
+    ("metric", "says"),
+    [('{"$zzz":1}', "unknown tag"), ('{"$tensor":"w"}', "cannot reference tensor")],
+)
+def test_a_malformed_metric_is_damage_everywhere_it_is_read(
+    tmp_path: Path, metric: str, says: str
+) -> None:
+    """A metric that is no valid tagged value (its self-checksum made to match): listing gives
+    the step with its error, ``inspect`` and the CLI's ``ls`` name the manifest; no
+    internal error type and no traceback reach the user."""
+    run = saved_run(tmp_path)
+    rewrite_manifest(
+        run / ENTRY, lambda t: t.replace('"metrics":{}', f'"metrics":{{"loss":{metric}}}')
+    )
+    infos = sk.list_checkpoints(run)
+    assert infos[0].error is not None and "metrics are malformed" in infos[0].error, infos
+    assert says in infos[0].error and MANIFEST in infos[0].error
+    with pytest.raises(CorruptCheckpointError, match="metrics are malformed"):
+        sk.audit.inspect(run)
+    from statekeeper.cli.main import main as cli
+
+    done = CliRunner().invoke(cli, ["ls", str(run), "--json"])
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.exception
+    assert "metrics are malformed" in done.output
 
 
 def test_deeply_nested_safetensors_header_is_damage(tmp_path: Path) -> None:

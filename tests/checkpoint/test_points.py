@@ -62,3 +62,13 @@ def test_a_bad_kill_spec_names_the_points(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(sk.errors.InvalidArgumentError, match="manifest-written") as caught:
         sk.save(tmp_path, {"x": torch.zeros(3)}, step=1)
     assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("spec", ["begun:0", "begun:-5", "begun:two"])
+def test_a_kill_count_below_one_is_refused_not_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    monkeypatch.setenv(KILL_AT, spec)
+    with pytest.raises(sk.errors.InvalidArgumentError, match="positive integer"):
+        sk.save(tmp_path, {"x": torch.zeros(3)}, step=1)
+    assert sk.list_checkpoints(tmp_path) == []

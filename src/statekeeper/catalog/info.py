@@ -6,14 +6,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from statekeeper.format.manifest import Manifest
+from statekeeper.format.malformed import FormatError, corrupt
+from statekeeper.format.manifest import MANIFEST, Manifest
 from statekeeper.format.values_decode import decode_value
 
 __all__ = ["CheckpointInfo", "RestoreInfo"]
 
 
 def _no_ref(tag: str, name: str) -> Any:
-    raise ValueError(f"metrics cannot reference tensor {name!r}")
+    raise FormatError(f"metrics cannot reference tensor {name!r}", key=name)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,10 @@ class CheckpointInfo:
             created = datetime.fromisoformat(manifest.created)
         except ValueError:
             created = None
-        metrics = {k: decode_value(v, k, _no_ref) for k, v in manifest.metrics.items()}
+        try:
+            metrics = {k: decode_value(v, k, _no_ref) for k, v in manifest.metrics.items()}
+        except FormatError as exc:  # a crafted manifest: its self-checksum matched
+            raise corrupt(f"{path}/{MANIFEST}", exc, "metrics are malformed: {}") from exc
         return cls(
             step=manifest.step,
             path=path,

@@ -248,7 +248,7 @@ def inspect_location(location: Location) -> InspectReport:
 def inspect_step(path: PathOrStorage, step: int | None = None) -> InspectReport:
     """What a committed statekeeper step holds: entries, tensors (name, shape, dtype, bytes,
     file, aliases), plain values (summarized when long), metrics and totals. Only the manifest
-    is read (and verified); :func:`statekeeper.verify` checks
+    is read (and verified); :func:`statekeeper.audit.verify` checks
     the tensor data too. Needs no torch.
 
     ``path`` is a run directory (its newest step, or ``step``), a step directory, a URL

@@ -79,8 +79,8 @@ def relative(path: str, entry: str) -> str:
 
 def decode(manifest: Manifest, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The state (tensors as :class:`Ref`) and metrics; the per-rank entries of a sharded
-    step appear as ``"<entry> (rank <r>)"``. A malformed state is a ``CorruptCheckpointError``
-    naming ``where``."""
+    step appear as ``"<entry> (rank <r>)"``. A malformed state or metric is a
+    ``CorruptCheckpointError`` naming ``where``."""
 
     def on_ref(tag: str, name: str) -> Ref:
         return Ref(tag, name)
@@ -99,7 +99,10 @@ def decode(manifest: Manifest, where: str) -> tuple[dict[str, Any], dict[str, An
                 raise CorruptCheckpointError(where, "state is not a mapping")
             suffix = "" if rank is None else f" (rank {rank})"
             state.update({f"{k}{suffix}": v for k, v in part.items()})
-        metrics = {k: decode_value(v, k, no_ref) for k, v in manifest.metrics.items()}
     except FormatError as exc:
         raise corrupt(where, exc, "state is malformed: {}") from exc
+    try:
+        metrics = {k: decode_value(v, k, no_ref) for k, v in manifest.metrics.items()}
+    except FormatError as exc:
+        raise corrupt(where, exc, "metrics are malformed: {}") from exc
     return state, metrics

@@ -1,5 +1,5 @@
 """Verifying every byte of one step or of every step of a run: :func:`verify_locations` and
-its report, :class:`VerifyReport` (:func:`statekeeper.verify` is the entry point). No torch.
+its report, :class:`VerifyReport` (:func:`statekeeper.audit.verify` is the entry point). No torch.
 
 Each step is checked by :func:`~statekeeper.catalog.verify_step.verify_step` (manifest, sizes,
 checksums, every header and record); a damaged step is reported, never raised, so that one

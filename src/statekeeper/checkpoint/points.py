@@ -66,7 +66,10 @@ def set_hook(hook: Hook | None) -> Hook | None:
 def _kill_at(spec: str) -> tuple[Point, int]:
     name, _, count = spec.partition(":")
     try:
-        return Point(name), int(count or 1)
+        n = int(count or 1)
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        return Point(name), n
     except ValueError as exc:
         raise InvalidArgumentError(
             f"{KILL_AT}={spec!r}: expected <point>[:<n>] with a point among "

@@ -66,11 +66,11 @@ class KeepBest(Retention):
     Args:
         n: How many steps survive.
         metric: The name of a metric given to ``save`` / ``maybe_save``.
-        mode: ``Mode.MIN`` (lowest is best) or ``Mode.MAX``.
+        mode: ``MetricGoal.MIN`` (lowest is best) or ``MetricGoal.MAX``.
 
     Raises:
         InvalidArgumentError: ``n`` is not a positive int, ``metric`` is empty or ``mode``
-            is no ``Mode``.
+            is no ``MetricGoal``.
     """
 
     n: int

@@ -63,9 +63,7 @@ def decode_value(obj: Json, path: str, on_ref: RefHook, depth: int = 0) -> Any:
         try:
             return base64.b64decode(body, validate=True)
         except binascii.Error as exc:
-            raise FormatError(
-                f"{path or '<root>'}: malformed {tag} value ({exc})", key=path
-            ) from exc
+            raise _malformed(path, tag, exc) from exc
     if tag == "$tuple":
         _expect(isinstance(body, list) and len(obj) == 1, path, tag)
         return tuple(decode_value(v, join_path(path, i), on_ref, depth) for i, v in enumerate(body))
@@ -94,9 +92,7 @@ def decode_value(obj: Json, path: str, on_ref: RefHook, depth: int = 0) -> Any:
         try:
             return torch.device(body)
         except RuntimeError as exc:  # torch's one error for a device string it cannot parse
-            raise FormatError(
-                f"{path or '<root>'}: malformed {tag} value ({exc})", key=path
-            ) from exc
+            raise _malformed(path, tag, exc) from exc
     if tag == "$numpy":
         _expect(isinstance(body, str) and set(obj) == {"$numpy", "value"}, path, tag)
         try:
@@ -113,9 +109,7 @@ def decode_value(obj: Json, path: str, on_ref: RefHook, depth: int = 0) -> Any:
         try:
             return dtype.type(value)
         except OverflowError as exc:  # a number out of the dtype's range
-            raise FormatError(
-                f"{path or '<root>'}: malformed {tag} value ({exc})", key=path
-            ) from exc
+            raise _malformed(path, tag, exc) from exc
     # "$complex"
     _expect(isinstance(body, list) and len(body) == 2 and len(obj) == 1, path, tag)
     real, imag = (decode_value(part, path, on_ref, depth) for part in body)

@@ -23,18 +23,18 @@ from statekeeper.checkpoint.options import SaveOptions
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.retention_policies import Retention
 from statekeeper.checkpoint.save import check_save
-from statekeeper.checkpoint.save_policies import SavePolicy, signals_of
 from statekeeper.checkpoint.scope import Scope, is_distributed
-from statekeeper.checkpoint.signals import preempt
 from statekeeper.errors import InvalidArgumentError, StatekeeperError
 from statekeeper.format.tensors import DEFAULT_SHARD_BYTES
 from statekeeper.incremental.reuse import Incremental
-from statekeeper.loop.arguments import check_checkpointer_options
 from statekeeper.loop.held import Held
 from statekeeper.loop.mirror.config import Mirror, MirrorStatus
 from statekeeper.loop.retention import RetentionStatus
 from statekeeper.loop.run_tiers import RunTiers
+from statekeeper.loop.save_policies import SavePolicy, signals_of
 from statekeeper.loop.saving import LoopSaves
+from statekeeper.loop.signals import preempt
+from statekeeper.loop.validation import check_checkpointer_options
 from statekeeper.state.optimizer import OptimizerChange
 from statekeeper.state.rng import Generator, RNGState
 
@@ -283,7 +283,7 @@ class Checkpointer:
     def _preempt(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None, saved: bool
     ) -> CheckpointInfo | None:
-        """Save ``step`` now, synchronously (``checkpoint/signals.py``: :func:`preempt`)."""
+        """Save ``step`` now, synchronously (``loop/signals.py``: :func:`preempt`)."""
 
         def now() -> CheckpointInfo | PendingSave | None:
             info = None if saved else self._save(step, state, metrics, writer=None)

@@ -13,8 +13,8 @@ from contextlib import ExitStack
 
 from statekeeper.catalog.paths import writer_lock
 from statekeeper.checkpoint.async_save import AsyncWriter
-from statekeeper.checkpoint.signals import SignalWatch
 from statekeeper.loop.run_tiers import RunTiers
+from statekeeper.loop.signals import SignalWatch
 from statekeeper.storage.base import Storage
 
 __all__ = ["Held"]

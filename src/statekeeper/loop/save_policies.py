@@ -3,7 +3,7 @@
 Save policies answer ``should_save(step, seconds_since_last_save)``:
 ``EverySteps(n)``, ``EverySeconds(s)``, ``AtSteps(...)``; ``a | b`` saves when either does.
 ``OnSignal(SIGTERM, SIGUSR1)`` saves at the first step boundary after one of the signals
-arrives (pre-emption; see :mod:`statekeeper.checkpoint.signals`).
+arrives (pre-emption; see :mod:`statekeeper.loop.signals`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import signal
 from dataclasses import dataclass
 
 from statekeeper.checkpoint.composable import Composable, PositiveN, parts
-from statekeeper.checkpoint.signals import signal_of
 from statekeeper.errors import InvalidArgumentError, InvalidArgumentTypeError
+from statekeeper.loop.signals import signal_of
 
 __all__ = [
     "AnySave",

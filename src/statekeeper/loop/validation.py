@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from statekeeper.arguments import require_bool, require_instance
 from statekeeper.checkpoint.retention_policies import Retention
-from statekeeper.checkpoint.save_policies import SavePolicy
 from statekeeper.loop.mirror.config import Mirror
+from statekeeper.loop.save_policies import SavePolicy
 
 __all__ = ["check_checkpointer_options"]
 

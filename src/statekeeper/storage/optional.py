@@ -22,6 +22,12 @@ something that changes whenever the file's bytes are replaced or rewritten in pl
 device, inode, size and modification time; an object store: its ETag), or None when it
 cannot say. Incremental saves trust a file they checked before while it is unchanged.
 
+A storage may also have ``exclusive_writer_lock()`` (optional: :func:`exclusive_lock_of`):
+the writer lock for one save alone, refused while the same object holds the lock already
+and not re-entered while held. ``statekeeper.save`` takes it; a backend whose
+``writer_lock`` is re-entrant for its object (local directories) needs it, so that one
+object cannot run two saves, or a clean-up beside a save, at once.
+
 Backends differ in what a read costs and in whether a run directory exists apart from its
 entries; each says so in its :class:`Capabilities` (:func:`capabilities_of`), and callers
 ask it, never the backend's class.

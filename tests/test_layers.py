@@ -1,8 +1,8 @@
 """The layer contract: every import inside the package points down the layer map (never up,
 never sideways, not even inside a function), and no two modules import each other.
 
-    errors, progress, extensions  <  {storage, arguments}  <  format  <  catalog  <  state  <
-    incremental  <  {checkpoint, clearing}  <  {loop, distributed}  <
+    errors, progress, extensions, lanes  <  {storage, arguments}  <  format  <  catalog  <
+    state  <  incremental  <  {checkpoint, clearing}  <  {loop, distributed}  <
     {averaging, interop, data}  <  {doctor, integrations, audit, training, conversion}  <
     testing  <  cli  <  __main__
 
@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "progress": 0,
     "extensions": 0,
+    "lanes": 0,  # the long-lived worker threads of saves and loads
     "storage": 1,
     "arguments": 1,
     "format": 2,

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import statekeeper as sk
+from statekeeper import lanes
 from statekeeper.checkpoint.pending import PendingSave
 from statekeeper.storage.memory import MemoryStorage
 
@@ -31,14 +32,10 @@ class Gated(MemoryStorage):
         return super().begin(entry, replace=replace)
 
 
-def _save_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("statekeeper-save")}
-
-
-def _join(threads: set[threading.Thread]) -> None:
-    for thread in threads:
-        thread.join(timeout=120)  # a hang guard only: it ends once its save has ended
-        assert not thread.is_alive()
+def _settled() -> None:
+    """Every one-off background save handed out so far has ended (its PendingSave may be
+    dropped: the tests of what a dropped one says need it ended, not waited)."""
+    lanes.drain("save")
 
 
 @pytest.fixture
@@ -57,14 +54,13 @@ def test_a_pending_save_is_a_context_manager_that_waits(tmp_path: Any) -> None:
 
 
 def test_a_second_save_into_the_directory_while_one_runs_is_refused(gated: Gated) -> None:
-    before = _save_threads()
     first = sk.save(gated, {"x": torch.ones(3)}, step=1, blocking=False)
     assert not first.done()
     with pytest.raises(sk.errors.WriterConflictError, match="being written"):
         sk.save(gated, {"x": torch.ones(3)}, step=2, blocking=False)
     gated.gate.set()
     assert first.wait().step == 1
-    _join(_save_threads() - before)
+    _settled()
     sk.save(gated, {"x": torch.ones(3)}, step=2, blocking=False).wait()  # its turn now
     assert [c.step for c in sk.list_checkpoints(gated)] == [1, 2]
 
@@ -112,24 +108,22 @@ def test_one_local_storage_object_takes_one_save_at_a_time(tmp_path: Any) -> Non
 def test_a_save_dropped_while_it_runs_warns_naming_its_step_and_still_commits(
     gated: Gated,
 ) -> None:
-    before = _save_threads()
     pending = sk.save(gated, {"x": torch.ones(3)}, step=7, blocking=False)
     with pytest.warns(sk.StatekeeperWarning, match="step 7 .*dropped before it was waited"):
         del pending
     gated.gate.set()
-    _join(_save_threads() - before)
+    _settled()
     assert [c.step for c in sk.list_checkpoints(gated)] == [7]
 
 
 def test_a_dropped_save_that_then_fails_warns_with_its_error(gated: Gated) -> None:
     gated.fail_at = gated.operations + 3
-    before = _save_threads()
     pending = sk.save(gated, {"x": torch.ones(3)}, step=4, blocking=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         del pending
         gated.gate.set()
-        _join(_save_threads() - before)  # the failure is given by the writing thread
+        _settled()  # the failure is given by the writing thread
     texts = [str(w.message) for w in caught if issubclass(w.category, sk.StatekeeperWarning)]
     assert any("step 4" in t and "dropped" in t for t in texts)
     assert any("step 4" in t and "InjectedFailure" in t for t in texts)
@@ -140,9 +134,8 @@ def _failed(name: str) -> tuple[MemoryStorage, PendingSave]:
     """A one-off save of step 1 that failed, its thread ended (nobody looked yet)."""
     storage = MemoryStorage(name=f"memory://pending-{name}")
     storage.fail_at = storage.operations + 3
-    before = _save_threads()
     pending = sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)
-    _join(_save_threads() - before)
+    _settled()
     return storage, pending
 
 

@@ -15,12 +15,13 @@ Nothing read from a file reaches a live object before the file is verified.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from statekeeper.catalog.location import Location
 from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
 from statekeeper.format.manifest import MANIFEST, Manifest
+from statekeeper.lanes import lane
 from statekeeper.progress import Progress
 from statekeeper.storage.optional import capabilities_of
 
@@ -156,7 +157,7 @@ class Verifier:
 
     def _submit(self, name: str, data: Buffer, threaded: bool) -> None:
         if threaded and self._pool is None:
-            self._pool = ThreadPoolExecutor(1, "statekeeper-verify")
+            self._pool = lane("verify")  # long-lived: see statekeeper/lanes.py
         if self._pool is None:
             result: Future[str] = Future()
             result.set_result(checksum(data))
@@ -191,5 +192,7 @@ class Verifier:
 
     def close(self) -> None:
         self._early.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:  # none of its jobs reads the files after this returns
+            for result in self._results.values():
+                result.cancel()
+            wait(list(self._results.values()))

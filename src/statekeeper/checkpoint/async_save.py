@@ -31,6 +31,7 @@ from statekeeper.checkpoint.pending import Outcome, PendingSave
 from statekeeper.checkpoint.plan_cache import Plan, PlanCache
 from statekeeper.checkpoint.writer import Prepared, check_step, commit, prepare
 from statekeeper.errors import InvalidArgumentError
+from statekeeper.lanes import lane
 from statekeeper.storage.base import Storage
 
 __all__ = ["AsyncWriter", "PendingSave", "Staging"]
@@ -60,6 +61,11 @@ class Staging(StrEnum):
 
     REUSE = "reuse"
     RELEASE = "release"
+
+
+ONE_OFF_SAVES = 4
+"""How many one-off background saves (``save(..., blocking=False)`` into different run
+directories) are written at once; more wait their turn."""
 
 
 class AsyncWriter:
@@ -200,7 +206,8 @@ class AsyncWriter:
         caller's next call. The error's traceback stays, its frames' locals go: they would
         hold the staged tensors.
 
-        The thread is started once and kept until :meth:`close`: handing it a save costs
+        A Checkpointer's thread is started once and kept until :meth:`close` (a one-off
+        save's runs on the process's ``save`` lane): handing it a save costs
         the caller no thread start (which waits for the new thread to run: milliseconds on
         a loaded machine, inside the caller's stall). It is not a daemon: a save in flight
         when the interpreter exits is finished first. The thread holds the
@@ -223,14 +230,16 @@ class AsyncWriter:
                     outcome.finish()
 
         try:
-            self._thread().submit(run)
+            # a one-off save runs on the process's save lane: a thread of its own would end
+            # with the save, and one ending while the loop forks can hang the child
+            # (statekeeper/lanes.py)
+            (lane("save", ONE_OFF_SAVES) if self._release else self._thread()).submit(run)
         except BaseException:  # the work never ran (a cancelled queue item never will)
-            self._stop_thread(cancel=True)
+            if not self._release:
+                self._stop_thread(cancel=True)
             cleanup()  # nothing was written: the step is aborted, the lock released
             raise
-        if self._release:  # a one-off writer: its caller owns the save; its thread ends now
-            self._stop_thread(cancel=False)
-        else:  # a Checkpointer's: its next save, wait() and close() report it
+        if not self._release:  # a Checkpointer's: its next save, wait() and close() report it
             self._pending = self._unreported = outcome
         return PendingSave(self, outcome, owned=self._release)
 

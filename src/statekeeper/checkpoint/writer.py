@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +33,7 @@ from statekeeper.format.safetensors_io import ShardLayout, layout, stream
 from statekeeper.format.tensors import plan_shards
 from statekeeper.format.values import Json, encode_value
 from statekeeper.incremental.reuse import Incremental, Reuser
+from statekeeper.lanes import lane
 from statekeeper.state.tree import flatten
 from statekeeper.storage.base import FileWriter, Storage, Transaction
 
@@ -134,17 +134,17 @@ def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[by
     (both without early write-back). A chunk's hash is finished before the next chunk is
     produced, as :func:`stream` reuses its staging buffer.
     """
-    with ThreadPoolExecutor(1, "statekeeper-hash") as pool:
-        for chunk in chunks:
-            if memoryview(chunk).nbytes < HASH_IN_THREAD_FROM:
-                hasher.update(chunk)
-                yield chunk
-                continue
-            hashed = pool.submit(hasher.update, chunk)
-            try:
-                yield chunk
-            finally:
-                hashed.result()
+    pool = lane("hash")  # long-lived: a thread ending at a fork can hang the child (lanes.py)
+    for chunk in chunks:
+        if memoryview(chunk).nbytes < HASH_IN_THREAD_FROM:
+            hasher.update(chunk)
+            yield chunk
+            continue
+        hashed = pool.submit(hasher.update, chunk)
+        try:
+            yield chunk
+        finally:
+            hashed.result()
 
 
 def write_shard(

@@ -7,7 +7,7 @@ number."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from statekeeper.checkpoint.scope import Scope
 from statekeeper.integrations import hf_layout, hf_loader, hf_parts
 from statekeeper.integrations.held import named_state
 from statekeeper.integrations.hf_resume import EXTRA
+from statekeeper.lanes import lane
 from statekeeper.state.rng import RNGState
 
 __all__ = ["CheckpointSaving"]
@@ -67,13 +68,18 @@ class CheckpointSaving:
         # the framework's files are flushed while the step is written (the disk's two
         # flushes overlap: about 30% off a 128 MiB save, bench/integrations.py)
         # (the main process's: it wrote them, and it commits the folder)
-        with ThreadPoolExecutor(1, thread_name_prefix="statekeeper-flush") as pool:
-            flushed = (
-                pool.submit(hf_layout.flush, built, entries["files"]) if args.should_save else None
-            )
+        pool = lane("flush")  # long-lived: a thread ending at a fork can hang the child
+        flushed = (
+            pool.submit(hf_layout.flush, built, entries["files"]) if args.should_save else None
+        )
+        try:
             save(built, entries, step=step, scope=Scope.AUTO)
+        except BaseException:
             if flushed is not None:
-                flushed.result()
+                wait([flushed])  # done with the files before the save's error goes up
+            raise
+        if flushed is not None:
+            flushed.result()
         if args.should_save:
             (built / ".statekeeper.lock").unlink(missing_ok=True)  # the save's, released
             hf_parts.set_aside_newer(run_dir, step)

@@ -1,0 +1,61 @@
+"""A save or a load ends no thread of its own (statekeeper/lanes.py): on CPython before
+3.12 a thread that ends while another thread forks can leave the child deadlocked
+(gh-112275), and a training loop forks its DataLoader workers right after a save. The
+hashing and verifying threads are started once and kept; a forked child starts its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import torch
+
+import statekeeper as sk
+
+BIG = {"w": torch.arange(3 << 20, dtype=torch.float32)}  # 12 MiB: hashed and verified in threads
+
+
+def _helpers() -> dict[int, str]:
+    return {
+        t.ident or 0: t.name
+        for t in threading.enumerate()
+        if t.name.startswith(("statekeeper-hash", "statekeeper-verify"))
+    }
+
+
+def test_saves_and_loads_reuse_their_threads_and_end_none(tmp_path: Path) -> None:
+    sk.save(tmp_path, BIG, step=1)
+    sk.read(tmp_path)
+    first = _helpers()
+    assert {n.rsplit("_", 1)[0] for n in first.values()} == {
+        "statekeeper-hash",
+        "statekeeper-verify",
+    }
+    for step in (2, 3):
+        sk.save(tmp_path, BIG, step=step)
+        back = sk.read(tmp_path, step=step)
+        assert torch.equal(back["w"], BIG["w"])
+    assert _helpers() == first  # the same threads, none ended, none added
+
+
+def test_a_child_forked_after_a_save_saves_and_loads_with_threads_of_its_own(
+    tmp_path: Path,
+) -> None:
+    sk.save(tmp_path / "parent", BIG, step=1)
+    sk.read(tmp_path / "parent")
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's lane threads are not here; new ones start
+        code = 1
+        try:
+            signal.alarm(120)  # a hang guard only: the child dies instead of hanging the test
+            torch.set_num_threads(1)  # as a DataLoader worker: torch's own pool is the parent's
+            sk.save(tmp_path / "child", BIG, step=1)
+            back = sk.read(tmp_path / "child")["w"].numpy()
+            code = 0 if (back == BIG["w"].numpy()).all() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [c.step for c in sk.list_checkpoints(tmp_path / "child")] == [1]

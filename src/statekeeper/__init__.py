@@ -17,6 +17,7 @@ import importlib as _importlib
 import typing as _typing
 
 from statekeeper import extensions as _extensions
+from statekeeper import lazy as _lazy
 from statekeeper._version import __version__
 
 if _typing.TYPE_CHECKING:
@@ -144,16 +145,7 @@ _extensions.add_installer(_install_extensions)
 
 
 if not _typing.TYPE_CHECKING:  # hidden from type checkers: they see the names above only
-
-    def __getattr__(name: str) -> _typing.Any:
-        if name in _NAMESPACES:  # a submodule: importing it binds it here too
-            return _importlib.import_module(f"statekeeper.{name}")
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'statekeeper' has no attribute {name!r}")
-        value = getattr(_importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _lazy.loader(__name__, globals(), _EXPORTS, _NAMESPACES)
 
 
 def __dir__() -> list[str]:

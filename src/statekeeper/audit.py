@@ -8,8 +8,9 @@ Each name is imported on first use (PEP 562), as the root's are: ``sk.audit.veri
 
 from __future__ import annotations
 
-import importlib as _importlib
 import typing as _typing
+
+from statekeeper import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
     from statekeeper.catalog.inspection import InspectReport
@@ -57,14 +58,7 @@ __all__ = [
 
 
 if not _typing.TYPE_CHECKING:  # hidden from type checkers: they see the names above only
-
-    def __getattr__(name: str) -> _typing.Any:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'statekeeper.audit' has no attribute {name!r}")
-        value = getattr(_importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _lazy.loader(__name__, globals(), _EXPORTS)
 
 
 def __dir__() -> list[str]:

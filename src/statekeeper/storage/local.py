@@ -287,5 +287,12 @@ class LocalStorage:
 
     def exclusive_writer_lock(self) -> AbstractContextManager[None]:
         """The writer lock for one save alone: refused while this object holds it already,
-        and not re-entered while held (:mod:`statekeeper.storage.optional`)."""
+        and not re-entered while held (:mod:`statekeeper.storage.optional`).
+
+        Returns:
+            A context manager holding the run directory's writer lock.
+
+        Raises:
+            WriterConflictError: A live writer holds the lock, this object included.
+        """
         return self._lock.held(exclusive=True)

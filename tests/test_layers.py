@@ -1,9 +1,9 @@
 """The layer contract: every import inside the package points down the layer map (never up,
 never sideways, not even inside a function), and no two modules import each other.
 
-    errors, progress, extensions, lanes, lazy  <  {storage, arguments}  <  format  <  catalog  <
+    errors, progress, extensions, lanes  <  {storage, arguments}  <  format  <  catalog  <
     state  <  incremental  <  {checkpoint, clearing}  <  {loop, distributed}  <
-    {averaging, interop, data}  <  {doctor, integrations, audit, training, conversion}  <
+    {averaging, interop, data, lazy}  <  {doctor, integrations, audit, training, conversion}  <
     testing  <  cli  <  __main__
 
 ``catalog`` reads what a checkpoint holds without torch (``test_the_catalog_needs_no_torch``).
@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "progress": 0,
     "extensions": 0,
     "lanes": 0,  # the long-lived worker threads of saves and loads
-    "lazy": 0,  # the public modules' names loaded on first use
+    "lazy": 8,  # the public modules' names loaded on first use (a dynamic import: not core)
     "storage": 1,
     "arguments": 1,
     "format": 2,

@@ -148,5 +148,4 @@ if not _typing.TYPE_CHECKING:  # hidden from type checkers: they see the names a
     __getattr__ = _lazy.loader(__name__, globals(), _EXPORTS, _NAMESPACES)
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_NAMESPACES})
+__dir__ = _lazy.listing(globals(), __all__, _NAMESPACES)

@@ -61,5 +61,4 @@ if not _typing.TYPE_CHECKING:  # hidden from type checkers: they see the names a
     __getattr__ = _lazy.loader(__name__, globals(), _EXPORTS)
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__dir__ = _lazy.listing(globals(), __all__)

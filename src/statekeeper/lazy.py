@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Callable, Collection, Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["loader"]
+__all__ = ["listing", "loader"]
 
 
 def loader(
@@ -31,3 +31,16 @@ def loader(
         return value
 
     return getattr_
+
+
+def listing(
+    space: Mapping[str, Any], public: Collection[str], namespaces: Collection[str] = ()
+) -> Callable[[], list[str]]:
+    """The ``__dir__`` of a lazy module: its public names and namespaces (loaded or not) and
+    its dunder attributes, not the private helpers or ``annotations`` it imports."""
+
+    def dir_() -> list[str]:
+        dunder = (n for n in space if n.startswith("__") and n.endswith("__"))
+        return sorted({*public, *namespaces, *dunder})
+
+    return dir_

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -59,3 +61,29 @@ def test_a_child_forked_after_a_save_saves_and_loads_with_threads_of_its_own(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert [c.step for c in sk.list_checkpoints(tmp_path / "child")] == [1]
+
+
+EXIT_CHILD = r"""
+import sys, torch, statekeeper as sk
+big = {"w": torch.arange(6 << 20, dtype=torch.float32)}  # 24 MiB: its chunks are hashed on a lane
+pending = sk.save(sys.argv[1], big, step=1, blocking=False)  # kept, never waited
+ckpt = sk.Checkpointer(sys.argv[2], blocking=False)  # never closed
+ckpt.save(1, big)
+"""
+
+
+def test_interpreter_exit_finishes_background_saves_it_was_not_told_to_wait_for(
+    tmp_path: Path,
+) -> None:
+    """A script that ends right after a one-off ``save(blocking=False)`` (its PendingSave
+    kept, never waited for) and a background save of a Checkpointer it never closed: both
+    steps are committed. (``concurrent.futures`` refuses work once exit has begun; a save
+    whose chunk hashing went through it lost its step at exit, silently.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_CHILD, str(tmp_path / "one-off"), str(tmp_path / "loop")],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for run in ("one-off", "loop"):
+        assert [c.step for c in sk.list_checkpoints(tmp_path / run)] == [1], (run, done.stderr)
+        assert sk.audit.verify(tmp_path / run).ok

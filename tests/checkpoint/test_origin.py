@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import warnings
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 from click.testing import CliRunner
 
 import statekeeper as sk
+from statekeeper import lanes
 from statekeeper.checkpoint import origin as origin_module
 from statekeeper.checkpoint.writer import write_step
 from statekeeper.cli.main import main as cli
@@ -74,11 +74,9 @@ def test_the_git_state_of_the_working_tree(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
 
     def settled(where: Path) -> dict[str, object]:
-        """The state once the dirty flag (read on its own thread) has come in."""
+        """The state once the dirty flag (read on the git lane) has come in."""
         origin_module._git_state(str(where))
-        for thread in threading.enumerate():
-            if thread.name == origin_module.GIT_THREAD:
-                thread.join(timeout=60)  # a hang guard only
+        lanes.drain("git")
         return origin_module._git_state(str(where))
 
     repo.mkdir()

@@ -78,6 +78,53 @@ class GatedLocal(sk.storage.LocalStorage):
         return super().begin(entry, replace=replace)
 
 
+class GatedFsspec(sk.storage.FsspecStorage):
+    """An fsspec run whose writes begin only once ``gate`` is set."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.gate = threading.Event()
+
+    def begin(self, entry: str, *, replace: bool = False) -> Any:
+        if not self.gate.wait(timeout=120):  # a hang guard only
+            raise TimeoutError("the test never opened the gate")
+        return super().begin(entry, replace=replace)
+
+
+def test_one_fsspec_storage_object_takes_one_save_at_a_time(
+    request: pytest.FixtureRequest,
+) -> None:
+    """An object store's lock excludes no other process, but one FsspecStorage object
+    runs one sk.save at a time: a clean-up beside it would delete the files it is writing
+    (the step then committed without them)."""
+    storage = GatedFsspec(f"memory://gated-{request.node.name}")
+    first = sk.save(storage, {"x": torch.ones(3)}, step=1, blocking=False)
+    try:
+        for attempt in (
+            lambda: sk.save(storage, {"x": torch.ones(3)}, step=2, blocking=False),
+            lambda: sk.audit.remove_partial(storage),
+        ):
+            with pytest.raises(sk.errors.WriterConflictError, match="same storage object"):
+                attempt()
+    finally:
+        storage.gate.set()
+    assert first.wait().step == 1
+    assert sk.audit.verify(storage).ok
+    assert sk.audit.remove_partial(storage) == []  # its turn now
+
+
+def test_a_checkpointers_own_storage_object_is_not_cleaned_up_beside_it(tmp_path: Any) -> None:
+    """remove_partial through the storage object an open Checkpointer holds is refused (its
+    background save's partial entry would go); the Checkpointer cleans up in restore_latest."""
+    storage = sk.storage.LocalStorage(tmp_path)
+    with sk.Checkpointer(storage, blocking=False) as ckpt:
+        ckpt.save(1, {"x": torch.ones(3)})
+        with pytest.raises(sk.errors.WriterConflictError, match="same storage object"):
+            sk.audit.remove_partial(storage)
+        assert ckpt.restore_latest({"x": torch.zeros(3)}) == 1
+    assert sk.audit.remove_partial(storage) == []
+
+
 def test_one_local_storage_object_takes_one_save_at_a_time(tmp_path: Any) -> None:
     """The local writer lock is re-entrant for its object (a Checkpointer's clean-up runs
     under the lock it holds), but a save through ``sk.save`` takes it for itself alone: a

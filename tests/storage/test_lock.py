@@ -188,3 +188,70 @@ def test_the_lock_excludes_a_writer_that_takes_it_with_flock(tmp_path: Path) -> 
             sk.Checkpointer(tmp_path)
     finally:
         os.close(fd)
+
+
+def _lock_descriptor(run: Path) -> int:
+    """This process's descriptor of ``run``'s lock file (found in /proc: what a child that
+    ``subprocess`` is starting holds a copy of until its exec)."""
+    target = str(run / ".statekeeper.lock")
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == target:
+                return int(name)
+        except OSError:
+            continue
+    raise AssertionError("the lock file is not open")
+
+
+def test_a_lock_a_starting_child_still_holds_is_taken_once_the_child_lets_go(
+    tmp_path: Path,
+) -> None:
+    """A save released the lock while a child this process is starting (``subprocess``,
+    between its fork and its exec: ``git status`` for the origin, a logger's helper) still
+    holds a copy of the descriptor: the next save of this process waits for the copy to go,
+    instead of failing with a WriterConflictError that names this process."""
+    storage = sk.storage.LocalStorage(tmp_path)
+    with storage.writer_lock():
+        child = subprocess.Popen(  # holds the lock's open file until its stdin closes
+            [sys.executable, "-c", "import sys; sys.stdin.read()"],
+            stdin=subprocess.PIPE, pass_fds=(_lock_descriptor(tmp_path),),
+        )  # fmt: skip
+    taken: list[object] = []
+
+    def save_again() -> None:
+        try:
+            with sk.storage.LocalStorage(tmp_path).writer_lock():
+                taken.append(True)
+        except sk.errors.WriterConflictError as exc:
+            taken.append(exc)
+
+    again = threading.Thread(target=save_again)
+    again.start()
+    assert child.stdin is not None
+    child.stdin.close()  # the child ends: its copy of the descriptor goes
+    child.wait(timeout=120)
+    again.join(timeout=120)  # a hang guard only
+    assert taken == [True]
+
+
+def test_a_lock_another_process_holds_is_still_refused_at_once(tmp_path: Path) -> None:
+    """The wait is only for this process's own lock: one that names another holder is a
+    conflict at once, as before."""
+    (tmp_path / ".statekeeper.lock").write_text("pid 1 on elsewhere\n")
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); sys.stdin.read()", str(tmp_path / ".statekeeper.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with (
+            pytest.raises(sk.errors.WriterConflictError, match="pid 1 on elsewhere"),
+            sk.storage.LocalStorage(tmp_path).writer_lock(),
+        ):
+            pass
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=120)

@@ -124,7 +124,9 @@ def remove_partial(directory: PathOrStorage) -> list[str]:
     """Delete abandoned partial directories; returns their names.
 
     Takes the run directory's writer lock first, so a partial directory that a live writer
-    is filling is never touched: with another writer alive this raises WriterConflictError.
+    is filling is never touched: with another writer alive this raises WriterConflictError
+    (also for a writer of this process through the same storage object: a Checkpointer
+    cleans up its run directory itself, in ``restore_latest``).
     A step an interrupted overwrite set aside is put back under its own name first; damaged
     steps a restarted run set aside (``.damaged-``) are kept.
 
@@ -139,7 +141,7 @@ def remove_partial(directory: PathOrStorage) -> list[str]:
         StorageError: The storage failed to list or remove an entry.
     """
     storage = resolve_storage(directory)
-    with writer_lock(storage):
+    with writer_lock(storage, exclusive=True):  # not through a Checkpointer's own object
         return clean_up(storage)
 
 

@@ -15,13 +15,13 @@ Nothing read from a file reaches a live object before the file is verified.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 
 from statekeeper.catalog.location import Location
 from statekeeper.errors import CorruptCheckpointError, StatekeeperError
 from statekeeper.format.checksum import Buffer, checksum, matches
 from statekeeper.format.manifest import MANIFEST, Manifest
-from statekeeper.lanes import lane
+from statekeeper.lanes import Lane, lane
 from statekeeper.progress import Progress
 from statekeeper.storage.optional import capabilities_of
 
@@ -135,7 +135,7 @@ class Verifier:
 
     def __init__(self, location: Location) -> None:
         self._location = location
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Lane | None = None
         self._early: dict[str, Buffer] = {}
         self._results: dict[str, Future[str]] = {}
         self._opened: list[str] = []

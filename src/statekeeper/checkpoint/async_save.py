@@ -63,11 +63,6 @@ class Staging(StrEnum):
     RELEASE = "release"
 
 
-ONE_OFF_SAVES = 4
-"""How many one-off background saves (``save(..., blocking=False)`` into different run
-directories) are written at once; more wait their turn."""
-
-
 class AsyncWriter:
     """One background save at a time, with staging buffers reused between saves."""
 
@@ -233,7 +228,7 @@ class AsyncWriter:
             # a one-off save runs on the process's save lane: a thread of its own would end
             # with the save, and one ending while the loop forks can hang the child
             # (statekeeper/lanes.py)
-            (lane("save", ONE_OFF_SAVES) if self._release else self._thread()).submit(run)
+            (lane("save") if self._release else self._thread()).submit(run)
         except BaseException:  # the work never ran (a cancelled queue item never will)
             if not self._release:
                 self._stop_thread(cancel=True)

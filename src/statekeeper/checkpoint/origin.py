@@ -33,8 +33,9 @@ from statekeeper._version import __version__
 from statekeeper.checkpoint.origin_level import Origin
 from statekeeper.checkpoint.redact import redact_argv
 from statekeeper.errors import StatekeeperWarning, user_stacklevel
+from statekeeper.lanes import lane
 
-__all__ = ["GIT_THREAD", "library_versions", "origin", "warn_if_other_torch"]
+__all__ = ["library_versions", "origin", "warn_if_other_torch"]
 
 _ARGV_CHARS = 2000  # a command line longer than that is cut (with a marker)
 _GIT_SECONDS = 2.0
@@ -154,7 +155,6 @@ def _head(gitdir: Path) -> str | None:
     return None
 
 
-GIT_THREAD = "statekeeper-git-status"
 _dirty: dict[str, bool] = {}
 _dirty_lock = threading.Lock()
 
@@ -169,19 +169,19 @@ def _read_dirty(where: str) -> None:
 @functools.cache
 def _commit_of(where: str) -> str | None:
     """HEAD's commit of the working tree holding ``where``, read from its files (a few
-    reads, once per process); the dirty flag is read by ``git status`` on a thread of its
-    own, started here, so that no save waits for it."""
+    reads, once per process); the dirty flag is read by ``git status`` on the ``git``
+    lane, handed to it here, so that no save waits for it."""
     gitdir = _git_dir(Path(where))
     commit = _head(gitdir) if gitdir is not None else None
     if not commit or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
         return None
-    threading.Thread(target=_read_dirty, args=(where,), name=GIT_THREAD, daemon=True).start()
+    lane("git").submit(_read_dirty, where)  # not a thread of its own: see statekeeper/lanes.py
     return commit
 
 
 def _git_state(where: str) -> dict[str, Any]:
-    """The commit and, once ``git status`` has answered (within two seconds, on its own
-    thread), the dirty flag of the working tree holding ``where``; empty without one."""
+    """The commit and, once ``git status`` has answered (within two seconds, on the ``git``
+    lane), the dirty flag of the working tree holding ``where``; empty without one."""
     commit = _commit_of(where)
     if commit is None:
         return {}

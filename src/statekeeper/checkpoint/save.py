@@ -237,9 +237,10 @@ def save(
     alone, whose ``wait()`` (or the end of a ``with`` block) returns the CheckpointInfo or
     raises the save's error; dropped unwaited it gives a ``StatekeeperWarning`` naming the
     step. Another save into the same directory before it is written raises
-    ``WriterConflictError`` (wait for it first; an fsspec URL's lock excludes nothing, and
-    one ``Storage`` object passed again re-enters its own: there, waiting is the caller's
-    job). The host copy is freed once the step is written; to save the same
+    ``WriterConflictError``, before anything is copied (wait for it first; through one
+    ``FsspecStorage`` object too, but an object store's lock excludes no other process or
+    object). Up to four one-off background saves into different directories are written at
+    once; more wait their turn. The host copy is freed once the step is written; to save the same
     state again and again, ``Checkpointer(..., blocking=False)`` keeps and reuses it. In a
     job, every rank stages its own state and writes in the background (docs/distributed.md,
     "Background saves in a job").

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -144,7 +145,11 @@ def _hashed(chunks: Iterator[bytes | memoryview], hasher: Hasher) -> Iterator[by
         try:
             yield chunk
         finally:
-            hashed.result()
+            try:
+                hashed.result()
+            except BaseException:  # an interrupt here: the job still reads the chunk
+                wait([hashed])
+                raise
 
 
 def write_shard(

@@ -31,6 +31,7 @@ from statekeeper.errors import (
     CorruptCheckpointError,
     StatekeeperError,
     StorageError,
+    WriterConflictError,
 )
 from statekeeper.storage.base import EntryWriter
 from statekeeper.storage.files import check_name
@@ -129,6 +130,7 @@ class FsspecStorage:
         self.fs, self.root = filesystem(url, storage_options)
         self._mutex = threading.Lock()
         self._depth = 0
+        self._exclusive = False  # held by one save alone (exclusive_writer_lock)
 
     def where(self, entry: str = "", name: str = "", *_: Any) -> str:
         return self.describe(entry, name) if isinstance(entry, str) else self.describe()
@@ -340,11 +342,51 @@ class FsspecStorage:
     def writer_lock(self) -> Iterator[None]:
         """Held by this object, re-entered freely (a Checkpointer holds it, its saves take it
         again), and released by whichever thread ends the write (a background save).
-        Object stores have no portable lock, so nothing excludes another process."""
+        Object stores have no portable lock, so nothing excludes another process.
+
+        Returns:
+            A context manager holding this object's writer lock.
+
+        Raises:
+            WriterConflictError: One save alone holds it (:meth:`exclusive_writer_lock`).
+        """
         with self._mutex:
+            if self._exclusive:
+                raise _same_object(self.describe())
             self._depth += 1
         try:
             yield
         finally:
             with self._mutex:
                 self._depth -= 1
+
+    @contextmanager
+    def exclusive_writer_lock(self) -> Iterator[None]:
+        """The writer lock for one save alone (``statekeeper.save``): refused while this
+        object holds it already, and not re-entered while held, so that one object never
+        runs two saves, or a clean-up beside a save, at once. Another process is still not
+        excluded (object stores have no portable lock).
+
+        Returns:
+            A context manager holding this object's writer lock alone.
+
+        Raises:
+            WriterConflictError: This object's writer lock is held already.
+        """
+        with self._mutex:
+            if self._depth:
+                raise _same_object(self.describe())
+            self._depth, self._exclusive = 1, True
+        try:
+            yield
+        finally:
+            with self._mutex:
+                self._depth, self._exclusive = 0, False
+
+
+def _same_object(where: str) -> WriterConflictError:
+    return WriterConflictError(
+        f"{where} is being written through the same storage object: a save through it is "
+        "still running, or a Checkpointer on it is open; wait for that save "
+        "(PendingSave.wait()) or close the Checkpointer first"
+    )

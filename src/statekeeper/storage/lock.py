@@ -31,6 +31,7 @@ import fcntl
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -70,6 +71,29 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
+
+
+EXEC_WAIT = 10.0
+"""How long a lock that names this process, but that no object of it holds, is waited for
+(see :func:`_after_exec`)."""
+
+
+def _after_exec(fd: int) -> bool:
+    """Take the lock that this process released a moment ago but a child of it still holds:
+    a child being started by ``subprocess`` (``git status``, a logger's helper, any library's)
+    gets a copy of every descriptor between its fork and its exec, where the close-on-exec
+    copy goes, and with it the lock. Python's fork hooks close it in an ``os.fork`` child,
+    not in these. Waits at most :data:`EXEC_WAIT` seconds; False if it is still held then
+    (a child forked from C that lives on, or a descriptor leaked)."""
+    deadline = time.monotonic() + EXEC_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        return True
+    return False
 
 
 def _conflict(root: Path, holder: str) -> WriterConflictError:
@@ -153,16 +177,18 @@ class RunLock:
         if key in _held:  # created between the stat and the open, by a holder here
             os.close(fd)  # only if the file was swapped between the stat and the open
             raise _conflict(self._root, f"another writer of this process (pid {os.getpid()})")
+        record = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 os.close(fd)
                 raise
-            holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
-            os.close(fd)  # a descriptor of our own, which holds nothing
-            raise _conflict(self._root, holder or "another writer") from None
-        record = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
+            holder = os.pread(fd, 512, 0)
+            if holder != record or not _after_exec(fd):
+                os.close(fd)  # a descriptor of our own, which holds nothing
+                text = holder.decode(errors="replace").strip()
+                raise _conflict(self._root, text or "another writer") from None
         # rewritten only when it names another holder: the truncate can wait for a journal
         # commit in progress (32 ms in a profile of an async save's stall right after a
         # 1 GiB commit); the pread costs microseconds

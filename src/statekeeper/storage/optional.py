@@ -135,5 +135,7 @@ def exclusive_lock_of(storage: object) -> Callable[[], AbstractContextManager[No
     """``storage.exclusive_writer_lock`` where the backend has one: the writer lock taken for
     one save alone, which even the object that holds the lock already cannot re-enter (a
     local directory's lock is re-entrant for its object, so that a Checkpointer's clean-up
-    runs under the lock it holds). A backend without it gives its ``writer_lock``."""
+    runs under the lock it holds); None for a backend without one, whose ``writer_lock``
+    :func:`statekeeper.catalog.paths.writer_lock` then takes (a wrapper that forwards
+    ``writer_lock`` alone loses the exclusivity)."""
     return _optional(storage, "exclusive_writer_lock")
